@@ -1,0 +1,1 @@
+"""The SolarRun Kubernetes operator (kopf handlers over ``solar.run``)."""

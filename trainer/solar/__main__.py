@@ -1,0 +1,5 @@
+import sys
+
+from solar.cli import main
+
+sys.exit(main())

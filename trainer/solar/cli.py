@@ -1,0 +1,135 @@
+"""The ``solar`` command line (also ``python -m solar``).
+
+Each verb parses its flags, calls one library function, and prints JSON or text. Errors a user can
+cause are ``SolarError``: one line ``solar: error: ...`` on stderr, exit 2, no traceback unless
+``SOLAR_DEBUG=1``. Nothing is written before the input is validated.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+from collections.abc import Callable, Sequence
+from typing import Any, NoReturn
+
+from solar import __version__
+from solar.errors import SolarError
+
+
+class _Parser(argparse.ArgumentParser):
+    """argparse with the contract's one-line error format."""
+
+    def error(self, message: str) -> NoReturn:
+        raise SolarError(f"{message} (see `{self.prog} --help`)")
+
+
+def _emit_json(obj: Any) -> None:
+    sys.stdout.write(json.dumps(obj, indent=2, sort_keys=True, ensure_ascii=False, allow_nan=False))
+    sys.stdout.write("\n")
+
+
+# --- verbs -------------------------------------------------------------------------------------
+
+def cmd_config_routes(args: argparse.Namespace) -> int:
+    from solar.config import routes
+
+    rows = routes.table()
+    if args.json:
+        _emit_json(rows)
+        return 0
+    width = max(len(row["route"]) for row in rows)
+    print(f"{'ROUTE':<{width}}  ACTIONS      DESCRIPTION")
+    for info in sorted(routes.SUPPORTED, key=lambda i: i.route.key):
+        print(f"{info.route.key:<{width}}  {','.join(info.actions):<11}  {info.description}")
+        for path in info.configs:
+            print(f"    {path}")
+    return 0
+
+
+def cmd_config_resolve(args: argparse.Namespace) -> int:
+    from solar.config.canonical import pretty_bytes
+    from solar.config.resolve import resolve_file
+    from solar.storage.atomic import write_create_only
+
+    resolved = resolve_file(args.config, args.set)
+    data = pretty_bytes(resolved.document())
+    if args.output is None:
+        sys.stdout.buffer.write(data)
+        sys.stdout.flush()
+        return 0
+    write_create_only(args.output, data, what="--output")
+    print(f"solar: resolved {resolved.route.key} -> {args.output} "
+          f"(resolved_digest {resolved.resolved_digest[:16]}...)", file=sys.stderr)
+    return 0
+
+
+def cmd_environment_probe(args: argparse.Namespace) -> int:
+    from solar.environment import probe
+
+    _emit_json(probe())
+    return 0
+
+
+# --- parser ------------------------------------------------------------------------------------
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = _Parser(prog="solar", description="Training and inference operations for video world "
+                                               "models (Wan 2.2, LTX-2.5, MiniMax-H3).")
+    parser.add_argument("--version", action="version", version=f"solar {__version__}")
+    verbs = parser.add_subparsers(dest="verb", metavar="VERB", parser_class=_Parser)
+    verbs.required = True
+
+    config = verbs.add_parser("config", help="list routes, resolve a run config")
+    config_verbs = config.add_subparsers(dest="config_verb", metavar="ACTION", parser_class=_Parser)
+    config_verbs.required = True
+    routes_p = config_verbs.add_parser("routes", help="the supported training/inference routes")
+    routes_p.add_argument("--json", action="store_true", help="print a sorted JSON list")
+    routes_p.set_defaults(func=cmd_config_routes)
+    resolve_p = config_verbs.add_parser(
+        "resolve", help="resolve and check a run config (nothing is allocated or launched)")
+    resolve_p.add_argument("--config", required=True, metavar="PATH", help="YAML or JSON run config")
+    resolve_p.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
+                           help="override a dotted key; the value is YAML (repeatable)")
+    resolve_p.add_argument("--output", metavar="PATH",
+                           help="write the resolved document here (create-only, atomic) "
+                                "instead of stdout")
+    resolve_p.set_defaults(func=cmd_config_resolve)
+
+    env = verbs.add_parser("environment", help="what this machine offers a run")
+    env_verbs = env.add_subparsers(dest="env_verb", metavar="ACTION", parser_class=_Parser)
+    env_verbs.required = True
+    probe_p = env_verbs.add_parser("probe", help="Python, torch, CUDA/NCCL, GPUs, env, packages")
+    probe_p.set_defaults(func=cmd_environment_probe)
+    return parser
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    debug = os.environ.get("SOLAR_DEBUG") == "1"
+    try:
+        args = build_parser().parse_args(argv)
+        func: Callable[[argparse.Namespace], int] = args.func
+        return func(args)
+    except SolarError as exc:
+        if debug:
+            raise
+        print(f"solar: error: {exc}", file=sys.stderr)
+        return exc.exit_code
+    except KeyboardInterrupt:
+        print("solar: interrupted", file=sys.stderr)
+        return 130
+    except BrokenPipeError:
+        # stdout closed early (e.g. piped into head): not an error of ours.
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+        return 0
+    except Exception as exc:  # a bug: say so in one line unless debugging
+        if debug:
+            raise
+        print(f"solar: error: internal error ({type(exc).__name__}: {exc}); rerun with "
+              "SOLAR_DEBUG=1 for a traceback and report it", file=sys.stderr)
+        return 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())

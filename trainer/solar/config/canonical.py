@@ -1,0 +1,28 @@
+"""Canonical JSON and BLAKE2s-256 digests (the identity of configs, manifests and plans)."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from typing import Any
+
+
+def canonical_bytes(obj: Any) -> bytes:
+    """Sorted keys, no whitespace, no NaN/inf, UTF-8: equal objects give equal bytes."""
+    return json.dumps(obj, sort_keys=True, separators=(",", ":"), ensure_ascii=False,
+                      allow_nan=False).encode("utf-8")
+
+
+def blake2s_hex(data: bytes) -> str:
+    return hashlib.blake2s(data, digest_size=32).hexdigest()
+
+
+def digest(obj: Any) -> str:
+    """BLAKE2s-256 of the canonical JSON of ``obj``."""
+    return blake2s_hex(canonical_bytes(obj))
+
+
+def pretty_bytes(obj: Any) -> bytes:
+    """Human-readable JSON with the canonical key order (for stdout and documents people read)."""
+    return (json.dumps(obj, sort_keys=True, indent=2, ensure_ascii=False, allow_nan=False)
+            + "\n").encode("utf-8")
