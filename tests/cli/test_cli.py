@@ -112,6 +112,10 @@ def test_cli_verbs_and_flags_are_frozen_to_the_contract():
         "config routes": {"--json"},
         "config resolve": {"--config", "--set", "--output"},
         "environment probe": set(),
+        "data inspect": set(),
+        "data plan": {"--seed", "--pixel-frames", "--world-size", "--rank", "--sequence-parallel-size",
+                      "--local-world-size", "--num-workers", "--worker-id", "--epoch", "--mode", "--limit"},
+        "data synth": {"--family", "--out", "--samples", "--seed", "--profile"},
     }
 
 

@@ -8,7 +8,6 @@ cause are ``SolarError``: one line ``solar: error: ...`` on stderr, exit 2, no t
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import sys
 from collections.abc import Callable, Sequence
@@ -26,7 +25,9 @@ class _Parser(argparse.ArgumentParser):
 
 
 def _emit_json(obj: Any) -> None:
-    sys.stdout.write(json.dumps(obj, indent=2, sort_keys=True, ensure_ascii=False, allow_nan=False))
+    from solar.config.canonical import readable
+
+    sys.stdout.write(readable(obj))
     sys.stdout.write("\n")
 
 
@@ -72,6 +73,36 @@ def cmd_environment_probe(args: argparse.Namespace) -> int:
     return 0
 
 
+def cmd_data_inspect(args: argparse.Namespace) -> int:
+    from solar.data.index import inspect
+
+    _emit_json(inspect(args.index))
+    return 0
+
+
+def cmd_data_plan(args: argparse.Namespace) -> int:
+    from solar.data.plan import PlanParams, describe
+
+    local = args.local_world_size
+    if local is None and os.environ.get("LOCAL_WORLD_SIZE", "").isdigit():
+        local = int(os.environ["LOCAL_WORLD_SIZE"])
+    params = PlanParams(seed=args.seed, pixel_frames=args.pixel_frames, world_size=args.world_size,
+                        sequence_parallel_size=args.sequence_parallel_size, local_world_size=local,
+                        num_workers=args.num_workers, epoch=args.epoch, mode=args.mode)
+    _emit_json(describe(args.index, params, rank=args.rank, worker_id=args.worker_id,
+                        limit=args.limit))
+    return 0
+
+
+def cmd_data_synth(args: argparse.Namespace) -> int:
+    from solar.data.synth import synthesize
+
+    summary = synthesize(args.family, args.out, samples=args.samples, seed=args.seed,
+                         profile=args.profile, progress=lambda msg: print(msg, file=sys.stderr))
+    _emit_json(summary)
+    return 0
+
+
 # --- parser ------------------------------------------------------------------------------------
 
 def build_parser() -> argparse.ArgumentParser:
@@ -96,6 +127,36 @@ def build_parser() -> argparse.ArgumentParser:
                            help="write the resolved document here (create-only, atomic) "
                                 "instead of stdout")
     resolve_p.set_defaults(func=cmd_config_resolve)
+
+    data = verbs.add_parser("data", help="inspect and plan indexes, synthesize a dataset")
+    data_verbs = data.add_subparsers(dest="data_verb", metavar="ACTION", parser_class=_Parser)
+    data_verbs.required = True
+    inspect_p = data_verbs.add_parser(
+        "inspect", help="check an index (shards resolve under $SOLAR_DATA_ROOT or the index's folder)")
+    inspect_p.add_argument("index", metavar="INDEX", help="index.jsonl or index.jsonl.gz")
+    inspect_p.set_defaults(func=cmd_data_inspect)
+    plan_p = data_verbs.add_parser("plan", help="the sampling plan of one rank (and the full-plan fingerprint)")
+    plan_p.add_argument("index", metavar="INDEX")
+    plan_p.add_argument("--seed", type=int, required=True)
+    plan_p.add_argument("--pixel-frames", type=int, required=True)
+    plan_p.add_argument("--world-size", type=int, required=True)
+    plan_p.add_argument("--rank", type=int, required=True, help="raw rank; ownership follows dp rank")
+    plan_p.add_argument("--sequence-parallel-size", type=int, default=1)
+    plan_p.add_argument("--local-world-size", type=int, help="ranks per node (node_shard)")
+    plan_p.add_argument("--num-workers", type=int, default=1)
+    plan_p.add_argument("--worker-id", type=int, default=0)
+    plan_p.add_argument("--epoch", type=int, default=0)
+    plan_p.add_argument("--mode", default="global_occurrence", choices=["global_occurrence", "node_shard"])
+    plan_p.add_argument("--limit", type=int, default=16, help="occurrences shown")
+    plan_p.set_defaults(func=cmd_data_plan)
+    synth_p = data_verbs.add_parser("synth", help="write a small synthetic pre-encoded dataset")
+    synth_p.add_argument("--family", required=True, help="wan22_ti2v_5b, wan22_i2v_a14b, ltx25_video, "
+                                                         "minimax_h3 (or an alias)")
+    synth_p.add_argument("--out", required=True, metavar="DIR", help="new or empty directory")
+    synth_p.add_argument("--samples", type=int, default=8, help="training samples (test: a quarter, >= 2)")
+    synth_p.add_argument("--seed", type=int, default=0)
+    synth_p.add_argument("--profile", default="tiny", choices=["tiny", "released"])
+    synth_p.set_defaults(func=cmd_data_synth)
 
     env = verbs.add_parser("environment", help="what this machine offers a run")
     env_verbs = env.add_subparsers(dest="env_verb", metavar="ACTION", parser_class=_Parser)

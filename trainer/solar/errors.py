@@ -23,3 +23,7 @@ class SolarError(Exception):
 
 class ConfigError(SolarError):
     """A run configuration (or a ``--set`` edit of it) is invalid."""
+
+
+class DataError(SolarError):
+    """An index, shard or sample violates the data contract."""

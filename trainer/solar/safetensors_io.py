@@ -1,0 +1,51 @@
+"""Byte-deterministic safetensors encoding.
+
+The ``safetensors`` library writes ``__metadata__`` in hash-map order, so the same tensors and
+metadata can give different bytes in different processes. Digests, create-only comparisons and
+reproducible datasets need equal bytes for equal content, so this writes the (simple) format
+itself: 8-byte little-endian header length, a JSON header with sorted keys padded with spaces to
+8-byte alignment, then each tensor's little-endian bytes in name order. Reading stays with the
+``safetensors`` library (no pickle anywhere).
+"""
+
+from __future__ import annotations
+
+import json
+import struct
+import sys
+
+import torch
+
+_DTYPES = {
+    torch.float64: "F64", torch.float32: "F32", torch.float16: "F16", torch.bfloat16: "BF16",
+    torch.int64: "I64", torch.int32: "I32", torch.int16: "I16", torch.int8: "I8", torch.uint8: "U8",
+    torch.bool: "BOOL",
+}
+
+
+def tensor_bytes(tensor: torch.Tensor) -> bytes:
+    flat = tensor.detach().to("cpu").contiguous().reshape(-1)
+    if sys.byteorder != "little":  # pragma: no cover - every supported platform is little-endian
+        raise RuntimeError("big-endian hosts are not supported")
+    return flat.view(torch.uint8).numpy().tobytes() if flat.numel() else b""
+
+
+def encode(tensors: dict[str, torch.Tensor], metadata: dict[str, str] | None = None) -> bytes:
+    header: dict[str, object] = {}
+    if metadata:
+        if not all(isinstance(k, str) and isinstance(v, str) for k, v in metadata.items()):
+            raise TypeError("safetensors metadata must map str to str")
+        header["__metadata__"] = dict(sorted(metadata.items()))
+    chunks, offset = [], 0
+    for name in sorted(tensors):
+        tensor = tensors[name]
+        if tensor.dtype not in _DTYPES:
+            raise TypeError(f"tensor {name!r}: dtype {tensor.dtype} is not storable")
+        data = tensor_bytes(tensor)
+        header[name] = {"dtype": _DTYPES[tensor.dtype], "shape": list(tensor.shape),
+                        "data_offsets": [offset, offset + len(data)]}
+        chunks.append(data)
+        offset += len(data)
+    text = json.dumps(header, separators=(",", ":"), ensure_ascii=True).encode()
+    text += b" " * (-len(text) % 8)
+    return struct.pack("<Q", len(text)) + text + b"".join(chunks)
