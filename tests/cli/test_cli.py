@@ -116,6 +116,8 @@ def test_cli_verbs_and_flags_are_frozen_to_the_contract():
         "data plan": {"--seed", "--pixel-frames", "--world-size", "--rank", "--sequence-parallel-size",
                       "--local-world-size", "--num-workers", "--worker-id", "--epoch", "--mode", "--limit"},
         "data synth": {"--family", "--out", "--samples", "--seed", "--profile"},
+        "model info": {"--family", "--profile"},
+        "model convert": {"--family", "--from", "--out"},
     }
 
 

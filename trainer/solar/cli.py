@@ -103,6 +103,22 @@ def cmd_data_synth(args: argparse.Namespace) -> int:
     return 0
 
 
+def cmd_model_info(args: argparse.Namespace) -> int:
+    from solar.models.registry import info
+
+    _emit_json(info(args.family, args.profile))
+    return 0
+
+
+def cmd_model_convert(args: argparse.Namespace) -> int:
+    from solar.models.registry import convert
+
+    document = convert(args.family, args.source_format, args.src, args.out,
+                       progress=lambda msg: print(msg, file=sys.stderr))
+    _emit_json({"out": args.out, **{k: document[k] for k in ("family", "parameters", "files", "source")}})
+    return 0
+
+
 # --- parser ------------------------------------------------------------------------------------
 
 def build_parser() -> argparse.ArgumentParser:
@@ -157,6 +173,20 @@ def build_parser() -> argparse.ArgumentParser:
     synth_p.add_argument("--seed", type=int, default=0)
     synth_p.add_argument("--profile", default="tiny", choices=["tiny", "released"])
     synth_p.set_defaults(func=cmd_data_synth)
+
+    model = verbs.add_parser("model", help="model dimensions and weight conversion")
+    model_verbs = model.add_subparsers(dest="model_verb", metavar="ACTION", parser_class=_Parser)
+    model_verbs.required = True
+    info_p = model_verbs.add_parser("info", help="dims and parameter count (meta device, nothing allocated)")
+    info_p.add_argument("--family", required=True)
+    info_p.add_argument("--profile", default="released", choices=["released", "tiny"])
+    info_p.set_defaults(func=cmd_model_info)
+    convert_p = model_verbs.add_parser("convert", help="released weights -> Solar's safetensors layout")
+    convert_p.add_argument("--family", required=True)
+    convert_p.add_argument("--from", dest="source_format", required=True, choices=["diffusers", "official"])
+    convert_p.add_argument("src", metavar="SRC", help="checkpoint directory (or file)")
+    convert_p.add_argument("--out", required=True, metavar="DIR", help="new or empty directory")
+    convert_p.set_defaults(func=cmd_model_convert)
 
     env = verbs.add_parser("environment", help="what this machine offers a run")
     env_verbs = env.add_subparsers(dest="env_verb", metavar="ACTION", parser_class=_Parser)

@@ -13,6 +13,7 @@ from __future__ import annotations
 import json
 import struct
 import sys
+from collections.abc import Callable
 
 import torch
 
@@ -30,22 +31,45 @@ def tensor_bytes(tensor: torch.Tensor) -> bytes:
     return flat.view(torch.uint8).numpy().tobytes() if flat.numel() else b""
 
 
-def encode(tensors: dict[str, torch.Tensor], metadata: dict[str, str] | None = None) -> bytes:
+def _header(specs: list[tuple[str, torch.dtype, tuple[int, ...]]], metadata: dict[str, str] | None) -> bytes:
     header: dict[str, object] = {}
     if metadata:
         if not all(isinstance(k, str) and isinstance(v, str) for k, v in metadata.items()):
             raise TypeError("safetensors metadata must map str to str")
         header["__metadata__"] = dict(sorted(metadata.items()))
-    chunks, offset = [], 0
-    for name in sorted(tensors):
-        tensor = tensors[name]
-        if tensor.dtype not in _DTYPES:
-            raise TypeError(f"tensor {name!r}: dtype {tensor.dtype} is not storable")
-        data = tensor_bytes(tensor)
-        header[name] = {"dtype": _DTYPES[tensor.dtype], "shape": list(tensor.shape),
-                        "data_offsets": [offset, offset + len(data)]}
-        chunks.append(data)
-        offset += len(data)
+    offset = 0
+    for name, dtype, shape in specs:
+        if dtype not in _DTYPES:
+            raise TypeError(f"tensor {name!r}: dtype {dtype} is not storable")
+        size = torch.empty((), dtype=dtype).element_size()
+        for dim in shape:
+            size *= dim
+        header[name] = {"dtype": _DTYPES[dtype], "shape": list(shape), "data_offsets": [offset, offset + size]}
+        offset += size
     text = json.dumps(header, separators=(",", ":"), ensure_ascii=True).encode()
     text += b" " * (-len(text) % 8)
-    return struct.pack("<Q", len(text)) + text + b"".join(chunks)
+    return struct.pack("<Q", len(text)) + text
+
+
+def encode(tensors: dict[str, torch.Tensor], metadata: dict[str, str] | None = None) -> bytes:
+    names = sorted(tensors)
+    head = _header([(n, tensors[n].dtype, tuple(tensors[n].shape)) for n in names], metadata)
+    return head + b"".join(tensor_bytes(tensors[n]) for n in names)
+
+
+def write_streaming(handle, specs: dict[str, tuple[torch.dtype, tuple[int, ...]]],
+                    load: Callable[[str], torch.Tensor], metadata: dict[str, str] | None = None) -> int:
+    """Write a safetensors file tensor by tensor (``load(name)`` fetches each one when needed), so
+    a multi-GB file never sits in memory. Returns the bytes written."""
+    names = sorted(specs)
+    head = _header([(n, *specs[n]) for n in names], metadata)
+    handle.write(head)
+    written = len(head)
+    for name in names:
+        tensor = load(name)
+        if tensor.dtype != specs[name][0] or tuple(tensor.shape) != tuple(specs[name][1]):
+            raise ValueError(f"tensor {name!r} changed dtype or shape while writing")
+        data = tensor_bytes(tensor)
+        handle.write(data)
+        written += len(data)
+    return written

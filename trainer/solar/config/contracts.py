@@ -128,6 +128,8 @@ def check_applicability(cfg: RunConfig, route: Route) -> None:
         _reject("train.sgf", f"route {route.key} is not a Stage2 route")
     if model.causal is not None and not route.causal:
         _reject("model.causal", f"route {route.key} is bidirectional")
+    if model.anyflow_gate is not None and route.objective != "anyflow_forward_map":
+        _reject("model.anyflow_gate", f"route {route.key} is not an AnyFlow route")
     training_mode = model.training_mode or spec.training_mode
     if model.lora is not None and training_mode != "lora":
         _reject("model.lora", "model.training_mode is full")
@@ -164,6 +166,8 @@ def fill_defaults(cfg: RunConfig, route: Route) -> RunConfig:
         m["timestep_shift"] = spec.timestep_shift
     if spec.audio_timestep_shift is not None and m["audio_timestep_shift"] is None:
         m["audio_timestep_shift"] = spec.audio_timestep_shift
+    if route.objective == "anyflow_forward_map" and m["anyflow_gate"] is None:
+        m["anyflow_gate"] = 0.25
     if route.causal:
         causal = m["causal"] or CausalBlock().model_dump()
         causal["chunk_latents"] = causal["chunk_latents"] or spec.chunk_latents

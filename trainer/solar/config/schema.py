@@ -84,8 +84,12 @@ class ModelBlock(Block):
     audio_timestep_shift: Annotated[float, Field(gt=0)] | None = Field(
         None, description="H3 only: shift of the audio branch's grid (3).")
     causal: CausalBlock | None = Field(None, description="Causal chunking (Stage1/Stage2 routes).")
+    anyflow_gate: Fraction | None = Field(
+        None, description="AnyFlow routes: weight of the endpoint embedding, (1-g)*emb(t) + g*emb(r) (0.25).")
     attention_backend: Literal["auto", "sdpa", "flex", "reference"] = Field(
         "auto", description="Attention implementation chosen once at build time.")
+    sdpa_kernel: Literal["flash", "efficient", "cudnn", "math"] | None = Field(
+        None, description="Pin torch SDPA to one kernel (default: torch's choice).")
     dtype: Literal["auto", "bfloat16", "float32"] = Field(
         "auto", description="Compute dtype (auto: bfloat16 on CUDA, float32 on CPU).")
 

@@ -1,0 +1,76 @@
+"""Camera conditioning by PRoPE (projective positional encoding) inside self-attention.
+
+For the camera of token i, ``P_i = lift(K) @ V_i`` with ``V_i`` the rebased viewmat (translation
+transformed by ``linear`` or ``logd4``) and ``K`` the fixed Wan intrinsics with the principal point
+zeroed. On the PRoPE channels of each head, per 4-channel block::
+
+    q_i <- P_i^T q_i,   k_j <- P_j^-1 k_j,   v_j <- P_j^-1 v_j,   out_i <- P_i out_i
+
+so scores see only P_i P_j^-1: one rigid transform applied to every camera changes nothing, and
+equal cameras everywhere give plain attention. Matrices are per frame (all tokens of a latent frame
+share its camera) and are computed in float32.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+from solar.data.cameras import transform_translation
+
+WAN_FIXED_FX = 969.697 / 1920.0
+WAN_FIXED_FY = 969.697 / 1080.0
+
+
+def _intrinsics(like: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    K = torch.zeros(4, 4, dtype=like.dtype, device=like.device)
+    K[0, 0], K[1, 1], K[2, 2], K[3, 3] = WAN_FIXED_FX, WAN_FIXED_FY, 1.0, 1.0
+    K_inv = torch.zeros_like(K)
+    K_inv[0, 0], K_inv[1, 1], K_inv[2, 2], K_inv[3, 3] = 1 / WAN_FIXED_FX, 1 / WAN_FIXED_FY, 1.0, 1.0
+    return K, K_inv
+
+
+def _invert_rigid(view: torch.Tensor) -> torch.Tensor:
+    out = torch.zeros_like(view)
+    rot_t = view[..., :3, :3].transpose(-1, -2)
+    out[..., :3, :3] = rot_t
+    out[..., :3, 3] = -(rot_t @ view[..., :3, 3:4]).squeeze(-1)
+    out[..., 3, 3] = 1.0
+    return out
+
+
+@dataclass(frozen=True)
+class CameraMatrices:
+    """Per-frame PRoPE matrices: [B, F, 4, 4] each."""
+
+    query: torch.Tensor   # P^T
+    key: torch.Tensor     # P^-1 (keys and values)
+    output: torch.Tensor  # P
+
+    def select(self, frames: slice) -> CameraMatrices:
+        return CameraMatrices(self.query[:, frames], self.key[:, frames], self.output[:, frames])
+
+    def repeat_frames(self, times: int) -> CameraMatrices:
+        return CameraMatrices(*(m.repeat(1, times, 1, 1) for m in (self.query, self.key, self.output)))
+
+
+def camera_matrices(viewmats_BF44: torch.Tensor, transform: str) -> CameraMatrices:
+    view = viewmats_BF44.to(torch.float32).clone()
+    view[..., :3, 3] = transform_translation(view[..., :3, 3], transform)
+    K, K_inv = _intrinsics(view)
+    P = K @ view
+    P_inv = _invert_rigid(view) @ K_inv
+    return CameraMatrices(P.transpose(-1, -2), P_inv, P)
+
+
+def apply_blocks(x_BSHD: torch.Tensor, matrix_BF44: torch.Tensor, tokens_per_frame: int,
+                 start: int) -> torch.Tensor:
+    """Multiply channels [start, D) of every head, in 4-blocks, by the token's frame matrix."""
+    B, S, H, D = x_BSHD.shape
+    frames = S // tokens_per_frame
+    head, cam = x_BSHD[..., :start], x_BSHD[..., start:]
+    blocks = cam.reshape(B, frames, tokens_per_frame, H, (D - start) // 4, 4)
+    mixed = torch.einsum("bfij,bfnhpj->bfnhpi", matrix_BF44.to(cam.dtype), blocks)
+    mixed = mixed.reshape(B, S, H, D - start)
+    return mixed if start == 0 else torch.cat([head, mixed], dim=-1)

@@ -1,0 +1,437 @@
+"""The Wan DiT (TI2V-5B and I2V-A14B) with camera PRoPE, teacher forcing and a KV cache.
+
+Parameter names follow diffusers' ``WanTransformer3DModel``, so diffusers checkpoints load as they
+are (see ``convert.py`` for the official Wan layout). What differs from the reference is written
+down where it happens:
+
+- modulation is per latent frame ([B, F, 6, D]) rather than per token: the same numbers, without
+  materialising [B, S, 6, D];
+- camera PRoPE acts on head channels [prope_start, D) after RoPE (``prope.py``);
+- the teacher-forcing layout ``[clean frames | noisy frames]`` shares frame positions and cameras
+  between the two copies and attends through ``TokenMask``; chunk-by-chunk generation keeps each
+  layer's transformed keys/values of committed clean chunks in ``KVCache``;
+- AnyFlow adds ``condition_embedder.delta_embedding`` (a copy of the time embedder) for the endpoint
+  r, mixed as (1 - gate) * emb(t) + gate * emb(r).
+
+Legend: B batch, S tokens, F frames, N tokens per frame, H heads, D head dim, C channels.
+"""
+
+from __future__ import annotations
+
+import copy
+import math
+from dataclasses import dataclass, field
+
+import torch
+import torch.nn as nn
+import torch.nn.functional as F
+
+from solar.config.families import Dims
+from solar.models.attention import TokenMask, build_attention, teacher_forcing_mask
+from solar.models.prope import CameraMatrices, apply_blocks, camera_matrices
+from solar.models.rope import apply_rope, rope_tables
+from solar.models.sequence_parallel import SPGroup, frame_splits, gather_frames, ulysses
+
+
+@dataclass(frozen=True)
+class WanConfig:
+    dims: Dims
+    eps: float = 1e-6
+    rope_theta: float = 10000.0
+    camera_transform: str | None = "linear"     # None: no camera conditioning
+    chunk_latents: int = 3
+    max_prior_clean_chunks: int = 5
+    anyflow: bool = False
+    anyflow_gate: float = 0.25
+    attention_backend: str = "auto"
+    sdpa_kernel: str | None = None
+
+
+def timestep_sinusoid(t: torch.Tensor, dim: int, max_period: float = 10000.0) -> torch.Tensor:
+    """diffusers' Timesteps(flip_sin_to_cos=True, downscale_freq_shift=0): [..] -> [.., dim]."""
+    half = dim // 2
+    exponent = -math.log(max_period) * torch.arange(half, dtype=torch.float32, device=t.device) / half
+    angles = t.float()[..., None] * torch.exp(exponent)
+    return torch.cat([torch.cos(angles), torch.sin(angles)], dim=-1)
+
+
+class FP32LayerNorm(nn.LayerNorm):
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        w = None if self.weight is None else self.weight.float()
+        b = None if self.bias is None else self.bias.float()
+        return F.layer_norm(x.float(), self.normalized_shape, w, b, self.eps).to(x.dtype)
+
+
+class MLP2(nn.Module):
+    """linear_1 -> activation -> linear_2 (diffusers' TimestepEmbedding / PixArt text projection)."""
+
+    def __init__(self, d_in: int, d_hidden: int, d_out: int, act: str) -> None:
+        super().__init__()
+        self.linear_1 = nn.Linear(d_in, d_hidden)
+        self.linear_2 = nn.Linear(d_hidden, d_out)
+        self.act = act
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        h = self.linear_1(x)
+        h = F.silu(h) if self.act == "silu" else F.gelu(h, approximate="tanh")
+        return self.linear_2(h)
+
+
+class ConditionEmbedder(nn.Module):
+    def __init__(self, dim: int, freq_dim: int, text_dim: int) -> None:
+        super().__init__()
+        self.freq_dim = freq_dim
+        self.time_embedder = MLP2(freq_dim, dim, dim, "silu")
+        self.time_proj = nn.Linear(dim, 6 * dim)
+        self.text_embedder = MLP2(text_dim, dim, dim, "gelu_tanh")
+        self.delta_embedding: MLP2 | None = None
+
+    def time(self, t_BF: torch.Tensor, r_BF: torch.Tensor | None, gate: float) -> torch.Tensor:
+        param = self.time_embedder.linear_1.weight
+        temb = self.time_embedder(timestep_sinusoid(t_BF, self.freq_dim).to(param.dtype))
+        if self.delta_embedding is not None:
+            if r_BF is None:
+                raise ValueError("an AnyFlow model needs the endpoint r_timestep")
+            remb = self.delta_embedding(timestep_sinusoid(r_BF, self.freq_dim).to(param.dtype))
+            temb = (1.0 - gate) * temb + gate * remb
+        elif r_BF is not None:
+            raise ValueError("r_timestep given to a model without AnyFlow conditioning")
+        return temb  # [B, F, D]
+
+
+class Attention(nn.Module):
+    def __init__(self, dim: int, heads: int, head_dim: int, eps: float, kv_dim: int | None = None) -> None:
+        super().__init__()
+        inner = heads * head_dim
+        self.heads, self.head_dim = heads, head_dim
+        self.to_q = nn.Linear(dim, inner)
+        self.to_k = nn.Linear(kv_dim or dim, inner)
+        self.to_v = nn.Linear(kv_dim or dim, inner)
+        self.to_out = nn.ModuleList([nn.Linear(inner, dim)])
+        self.norm_q = nn.RMSNorm(inner, eps=eps)
+        self.norm_k = nn.RMSNorm(inner, eps=eps)
+
+    def heads_of(self, x: torch.Tensor) -> torch.Tensor:
+        return x.unflatten(-1, (self.heads, self.head_dim))
+
+
+class FeedForward(nn.Module):
+    def __init__(self, dim: int, hidden: int) -> None:
+        super().__init__()
+        proj = nn.Module()
+        proj.proj = nn.Linear(dim, hidden)
+        self.net = nn.ModuleList([proj, nn.Identity(), nn.Linear(hidden, dim)])
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.net[2](F.gelu(self.net[0].proj(x), approximate="tanh"))
+
+
+@dataclass
+class LayerCache:
+    k: torch.Tensor | None = None       # [B, H, S_cache, D] transformed keys of committed chunks
+    v: torch.Tensor | None = None
+    frames: list[int] = field(default_factory=list)  # frames per committed chunk (for eviction)
+    ctx_k: torch.Tensor | None = None   # cross-attention keys/values of the prompt
+    ctx_v: torch.Tensor | None = None
+
+
+@dataclass
+class KVCache:
+    """Per-layer keys/values of committed clean chunks within the attention window."""
+
+    layers: list[LayerCache]
+    context: torch.Tensor              # embedded prompt [B, L, D]
+    window_chunks: int
+    tokens_per_frame: int = 0
+    committed_frames: int = 0
+
+
+@dataclass
+class _Step:
+    """What one forward over a token run needs besides the hidden states."""
+
+    mod_BF6D: torch.Tensor
+    cos: torch.Tensor
+    sin: torch.Tensor
+    cams: CameraMatrices | None
+    mask: TokenMask | None
+    tokens_per_frame: int
+    attend: object
+    cache: KVCache | None = None
+    commit: bool = False
+
+
+class Block(nn.Module):
+    def __init__(self, d: Dims, eps: float) -> None:
+        super().__init__()
+        dim = d.num_heads * d.head_dim
+        # 1. Self-attention
+        self.norm1 = FP32LayerNorm(dim, eps, elementwise_affine=False)
+        self.attn1 = Attention(dim, d.num_heads, d.head_dim, eps)
+        # 2. Cross-attention
+        self.attn2 = Attention(dim, d.num_heads, d.head_dim, eps)
+        self.norm2 = FP32LayerNorm(dim, eps, elementwise_affine=True)
+        # 3. Feed-forward
+        self.ffn = FeedForward(dim, d.ffn_dim)
+        self.norm3 = FP32LayerNorm(dim, eps, elementwise_affine=False)
+        self.scale_shift_table = nn.Parameter(torch.randn(1, 6, dim) / dim**0.5)
+        self.prope_start = d.prope_start
+
+    @staticmethod
+    def _modulate(x: torch.Tensor, shift: torch.Tensor, scale: torch.Tensor, n: int) -> torch.Tensor:
+        B, S, D = x.shape
+        framed = x.float().view(B, S // n, n, D)
+        return (framed * (1 + scale[:, :, None]) + shift[:, :, None]).view(B, S, D)
+
+    @staticmethod
+    def _gated(x: torch.Tensor, y: torch.Tensor, gate: torch.Tensor, n: int) -> torch.Tensor:
+        B, S, D = x.shape
+        out = x.float().view(B, S // n, n, D) + y.float().view(B, S // n, n, D) * gate[:, :, None]
+        return out.view(B, S, D).to(x.dtype)
+
+    def self_attention(self, h: torch.Tensor, step: _Step, layer: LayerCache | None) -> torch.Tensor:
+        a, n = self.attn1, step.tokens_per_frame
+        q = apply_rope(a.heads_of(a.norm_q(a.to_q(h))), step.cos, step.sin)
+        k = apply_rope(a.heads_of(a.norm_k(a.to_k(h))), step.cos, step.sin)
+        v = a.heads_of(a.to_v(h))
+        if step.cams is not None:
+            q = apply_blocks(q, step.cams.query, n, self.prope_start)
+            k = apply_blocks(k, step.cams.key, n, self.prope_start)
+            v = apply_blocks(v, step.cams.key, n, self.prope_start)
+        q, k, v = (t.transpose(1, 2) for t in (q, k, v))  # [B, H, S, D]
+        if layer is not None:
+            keys = k if layer.k is None else torch.cat([layer.k, k], dim=2)
+            values = v if layer.v is None else torch.cat([layer.v, v], dim=2)
+            out = step.attend(q, keys, values, None)
+            if step.commit:
+                layer.k, layer.v = keys, values
+        else:
+            out = step.attend(q, k, v, step.mask)
+        out = out.transpose(1, 2)  # [B, S, H, D]
+        if step.cams is not None:
+            out = apply_blocks(out, step.cams.output, n, self.prope_start)
+        return a.to_out[0](out.flatten(2))
+
+    def cross_attention(self, h: torch.Tensor, context: torch.Tensor, layer: LayerCache | None) -> torch.Tensor:
+        a = self.attn2
+        q = a.heads_of(a.norm_q(a.to_q(h))).transpose(1, 2)
+        if layer is not None and layer.ctx_k is not None:
+            k, v = layer.ctx_k, layer.ctx_v
+        else:
+            k = a.heads_of(a.norm_k(a.to_k(context))).transpose(1, 2)
+            v = a.heads_of(a.to_v(context)).transpose(1, 2)
+            if layer is not None:
+                layer.ctx_k, layer.ctx_v = k, v
+        out = F.scaled_dot_product_attention(q, k, v)
+        return a.to_out[0](out.transpose(1, 2).flatten(2))
+
+    def forward(self, x: torch.Tensor, context: torch.Tensor, step: _Step,
+                layer: LayerCache | None = None) -> torch.Tensor:
+        n = step.tokens_per_frame
+        mod = (self.scale_shift_table.float()[:, None] + step.mod_BF6D.float())  # [B, F, 6, D]
+        shift, scale, gate, c_shift, c_scale, c_gate = mod.unbind(dim=2)
+        # 1. Self-attention
+        h = self._modulate(self.norm1(x.float()), shift, scale, n).to(x.dtype)
+        x = self._gated(x, self.self_attention(h, step, layer), gate, n)
+        # 2. Cross-attention
+        h = self.norm2(x.float()).to(x.dtype)
+        x = x + self.cross_attention(h, context, layer)
+        # 3. Feed-forward
+        h = self._modulate(self.norm3(x.float()), c_shift, c_scale, n).to(x.dtype)
+        return self._gated(x, self.ffn(h), c_gate, n)
+
+
+class WanDiT(nn.Module):
+    def __init__(self, cfg: WanConfig) -> None:
+        super().__init__()
+        d = cfg.dims
+        dim = d.num_heads * d.head_dim
+        self.cfg = cfg
+        # 1. Patch embedding (positions are RoPE, applied in attention)
+        self.patch_embedding = nn.Conv3d(d.in_channels, dim, kernel_size=d.patch_size, stride=d.patch_size)
+        # 2. Condition embeddings
+        self.condition_embedder = ConditionEmbedder(dim, d.freq_dim, d.text_dim)
+        # 3. Transformer blocks
+        self.blocks = nn.ModuleList([Block(d, cfg.eps) for _ in range(d.num_layers)])
+        # 4. Output norm & projection
+        self.norm_out = FP32LayerNorm(dim, cfg.eps, elementwise_affine=False)
+        self.proj_out = nn.Linear(dim, d.out_channels * math.prod(d.patch_size))
+        self.scale_shift_table = nn.Parameter(torch.randn(1, 2, dim) / dim**0.5)
+        if cfg.anyflow:
+            self.enable_anyflow()
+        self.sp: SPGroup | None = None
+        self._attend = None
+
+    # --- set-up -----------------------------------------------------------------------------
+    def enable_anyflow(self) -> None:
+        """Add the endpoint embedding as a copy of the (loaded) time embedding."""
+        emb = self.condition_embedder
+        emb.delta_embedding = copy.deepcopy(emb.time_embedder)
+
+    def init_delta_from_time(self) -> None:
+        emb = self.condition_embedder
+        emb.delta_embedding.load_state_dict(emb.time_embedder.state_dict())
+
+    def set_sequence_parallel(self, sp: SPGroup | None) -> None:
+        self.sp = sp if sp is not None and sp.size > 1 else None
+
+    def attention_fn(self):
+        if self._attend is None:
+            device = next(self.parameters()).device.type
+            self._attend = build_attention(self.cfg.attention_backend, device=device,
+                                           sdpa_kernel=self.cfg.sdpa_kernel)
+        return self._attend
+
+    # --- shared pieces ----------------------------------------------------------------------
+    def _patchify(self, x: torch.Tensor) -> tuple[torch.Tensor, tuple[int, int, int]]:
+        h = self.patch_embedding(x)  # [B, D, F, h, w]
+        grid = tuple(h.shape[2:])
+        return h.flatten(2).transpose(1, 2).contiguous(), grid
+
+    def _unpatchify(self, tokens: torch.Tensor, grid: tuple[int, int, int]) -> torch.Tensor:
+        pt, ph, pw = self.cfg.dims.patch_size
+        f, h, w = grid
+        B = tokens.shape[0]
+        x = tokens.reshape(B, f, h, w, pt, ph, pw, -1).permute(0, 7, 1, 4, 2, 5, 3, 6)
+        return x.flatten(6, 7).flatten(4, 5).flatten(2, 3)
+
+    def _frame_time(self, timestep: torch.Tensor, frames: int, batch: int) -> torch.Tensor:
+        t = torch.as_tensor(timestep, device=self.proj_out.weight.device)
+        if t.dim() == 0:
+            t = t.expand(batch)
+        if t.dim() == 1:
+            t = t[:, None].expand(batch, frames)
+        if tuple(t.shape) != (batch, frames):
+            raise ValueError(f"timestep must be [B] or [B, F] = [{batch}, {frames}], got {list(t.shape)}")
+        return t
+
+    def _cameras(self, cameras: torch.Tensor | None, frames: int, batch: int) -> CameraMatrices | None:
+        if self.cfg.camera_transform is None or cameras is None:
+            return None
+        if tuple(cameras.shape) != (batch, frames, 4, 4):
+            raise ValueError(f"cameras must be [B, F, 4, 4] = [{batch}, {frames}, 4, 4], "
+                             f"got {list(cameras.shape)}")
+        return camera_matrices(cameras, self.cfg.camera_transform)
+
+    def _run(self, tokens: torch.Tensor, context: torch.Tensor, *, t_BF: torch.Tensor,
+             r_BF: torch.Tensor | None, positions: torch.Tensor, grid_hw: tuple[int, int],
+             cams: CameraMatrices | None, mask: TokenMask | None, cache: KVCache | None = None,
+             commit: bool = False) -> torch.Tensor:
+        """Blocks over a token run of whole frames; returns final-normed, projected tokens."""
+        h, w = grid_hw
+        n = h * w
+        frames = positions.numel()
+        emb = self.condition_embedder
+        temb = emb.time(t_BF, r_BF, self.cfg.anyflow_gate)                       # [B, F, D]
+        mod = emb.time_proj(F.silu(temb)).unflatten(-1, (6, -1))                  # [B, F, 6, D]
+        rope_dims = self.cfg.dims.head_dim
+        attend = self.attention_fn()
+        sp = self.sp
+        if sp is not None:
+            if cache is not None:
+                raise ValueError("KV-cache generation runs without sequence parallelism")
+            splits = frame_splits(frames, sp.size)
+            lo, hi = sp.frame_range(frames)
+            tokens, temb, mod, positions = tokens[:, lo * n:hi * n], temb[:, lo:hi], mod[:, lo:hi], positions[lo:hi]
+            cams = None if cams is None else cams.select(slice(lo, hi))
+            sizes = [s * n for s in splits]
+            attend = ulysses(attend, sp, lambda: sizes)
+        cos, sin = rope_tables(positions, h, w, rope_dims, self.cfg.rope_theta)
+        step = _Step(mod, cos.to(tokens.device), sin.to(tokens.device), cams, mask, n, attend, cache, commit)
+        x = tokens
+        for i, block in enumerate(self.blocks):
+            x = block(x, context, step, None if cache is None else cache.layers[i])
+        # 5. Output norm, projection (per-frame modulation by the time embedding)
+        shift, scale = (self.scale_shift_table.float()[:, None] + temb.float()[:, :, None]).unbind(dim=2)
+        B, S, D = x.shape
+        x = (self.norm_out(x.float()).view(B, -1, n, D) * (1 + scale[:, :, None]) + shift[:, :, None])
+        out = self.proj_out(x.view(B, S, D).to(tokens.dtype))
+        if sp is not None:
+            out = gather_frames(out.view(B, -1, n, out.shape[-1]), sp, splits).flatten(1, 2)
+        return out
+
+    # --- public forwards --------------------------------------------------------------------
+    def forward(self, x: torch.Tensor, timestep: torch.Tensor, prompt_embeds: torch.Tensor, *,
+                cameras: torch.Tensor | None = None, r_timestep: torch.Tensor | None = None,
+                condition: torch.Tensor | None = None) -> torch.Tensor:
+        """Bidirectional full-clip prediction: x [B, C, F, H, W] -> [B, C_out, F, H, W].
+
+        ``timestep`` [B] or per latent frame [B, F] (TI2V: frame 0 at 0 for the image condition);
+        ``cameras`` [B, F, 4, 4] rebased viewmats; ``condition`` channels are concatenated (A14B)."""
+        if condition is not None:
+            x = torch.cat([x, condition], dim=1)
+        tokens, grid = self._patchify(x)
+        B, frames = x.shape[0], grid[0]
+        t = self._frame_time(timestep, frames, B)
+        r = None if r_timestep is None else self._frame_time(r_timestep, frames, B)
+        context = self.condition_embedder.text_embedder(prompt_embeds)
+        positions = torch.arange(frames, device=x.device)
+        out = self._run(tokens, context, t_BF=t, r_BF=r, positions=positions, grid_hw=grid[1:],
+                        cams=self._cameras(cameras, frames, B), mask=None)
+        return self._unpatchify(out, grid)
+
+    def forward_teacher_forcing(self, clean: torch.Tensor, noisy: torch.Tensor, timestep: torch.Tensor,
+                                prompt_embeds: torch.Tensor, *, cameras: torch.Tensor | None = None,
+                                r_timestep: torch.Tensor | None = None,
+                                condition: torch.Tensor | None = None) -> torch.Tensor:
+        """``[clean | noisy]`` in one sequence with the chunked causal mask; returns the prediction
+        for the noisy frames. ``timestep``/``r_timestep`` [B, F] for the noisy frames (clean: 0)."""
+        if condition is not None:
+            clean, noisy = torch.cat([clean, condition], dim=1), torch.cat([noisy, condition], dim=1)
+        clean_tokens, grid = self._patchify(clean)
+        noisy_tokens, _ = self._patchify(noisy)
+        B, frames = clean.shape[0], grid[0]
+        n = grid[1] * grid[2]
+        t = self._frame_time(timestep, frames, B)
+        zeros = torch.zeros_like(t)
+        t_all = torch.cat([zeros, t], dim=1)
+        r_all = None if r_timestep is None else torch.cat([zeros, self._frame_time(r_timestep, frames, B)], 1)
+        cams = self._cameras(cameras, frames, B)
+        positions = torch.arange(frames, device=clean.device).repeat(2)
+        mask = teacher_forcing_mask(frames, n, self.cfg.chunk_latents, self.cfg.max_prior_clean_chunks,
+                                    device=clean.device)
+        context = self.condition_embedder.text_embedder(prompt_embeds)
+        out = self._run(torch.cat([clean_tokens, noisy_tokens], dim=1), context, t_BF=t_all, r_BF=r_all,
+                        positions=positions, grid_hw=grid[1:],
+                        cams=None if cams is None else cams.repeat_frames(2), mask=mask)
+        return self._unpatchify(out[:, frames * n:], grid)
+
+    # --- chunk-by-chunk generation -----------------------------------------------------------
+    def new_cache(self, prompt_embeds: torch.Tensor) -> KVCache:
+        return KVCache([LayerCache() for _ in self.blocks],
+                       self.condition_embedder.text_embedder(prompt_embeds), self.cfg.max_prior_clean_chunks)
+
+    def _chunk(self, x: torch.Tensor, timestep, cache: KVCache, cameras, r_timestep, condition,
+               commit: bool) -> torch.Tensor:
+        if condition is not None:
+            x = torch.cat([x, condition], dim=1)
+        tokens, grid = self._patchify(x)
+        B, frames = x.shape[0], grid[0]
+        t = self._frame_time(timestep, frames, B)
+        r = None if r_timestep is None else self._frame_time(r_timestep, frames, B)
+        start = cache.committed_frames
+        positions = torch.arange(start, start + frames, device=x.device)
+        cams = self._cameras(cameras, frames, B)
+        out = self._run(tokens, cache.context, t_BF=t, r_BF=r, positions=positions, grid_hw=grid[1:],
+                        cams=cams, mask=None, cache=cache, commit=commit)
+        if commit:
+            cache.tokens_per_frame = grid[1] * grid[2]
+            cache.committed_frames += frames
+            for layer in cache.layers:
+                layer.frames.append(frames)
+                while len(layer.frames) > cache.window_chunks:
+                    drop = layer.frames.pop(0) * cache.tokens_per_frame
+                    layer.k, layer.v = layer.k[:, :, drop:], layer.v[:, :, drop:]
+        return self._unpatchify(out, grid)
+
+    def forward_chunk(self, noisy: torch.Tensor, timestep, cache: KVCache, *, cameras=None,
+                      r_timestep=None, condition=None) -> torch.Tensor:
+        """Predict for the next chunk from the cache; the cache is not changed."""
+        return self._chunk(noisy, timestep, cache, cameras, r_timestep, condition, commit=False)
+
+    @torch.no_grad()
+    def commit_chunk(self, clean: torch.Tensor, cache: KVCache, *, cameras=None, condition=None) -> None:
+        """Run a finished chunk at t = 0 and keep its keys/values (oldest beyond the window evicted)."""
+        zeros = torch.zeros(clean.shape[0], device=clean.device)
+        r = zeros if self.condition_embedder.delta_embedding is not None else None
+        self._chunk(clean, zeros, cache, cameras, r, condition, commit=True)
