@@ -144,9 +144,10 @@ def test_convert_rejects_mismatches_with_a_report(tmp_path, cli):
     assert result.code == 2 and "no such file or directory" in result.err
 
 
+@pytest.mark.filterwarnings("ignore::UserWarning")
 def test_teacher_forcing_equals_chunked_kv_generation():
     d = dims(TI2V, heads=2, head_dim=16)
-    for backend in ("reference", "sdpa"):
+    for backend in ("reference", "sdpa", "flex"):
         model = randomize(ours(d, camera_transform="logd4", chunk_latents=3, max_prior_clean_chunks=2,
                                attention_backend=backend, anyflow=True))
         gen = torch.Generator().manual_seed(3)
