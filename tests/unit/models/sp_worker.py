@@ -36,3 +36,47 @@ def run(rank: int, world: int, mode: str, frames: int):
         for g in grads.values():
             dist.all_reduce(g)
     return out.detach(), grads
+
+
+def run_h3(rank: int, world: int):
+    from tests.unit.models.family_helpers import h3_ours, randomize as rnd
+
+    model = rnd(h3_ours(camera_transform="logd4", chunk_latents=2, max_prior_clean_chunks=1))
+    if world > 1:
+        model.set_sequence_parallel(SPGroup(None, rank, world))
+    gen = torch.Generator().manual_seed(5)
+    x = torch.randn(1, 24, 4, 4, 6, generator=gen)
+    clean = torch.randn(1, 24, 4, 4, 6, generator=gen)
+    ctx = torch.randn(1, 3, 40, generator=gen)
+    audio = torch.randn(1, 2, 2, 32, generator=gen)
+    t = torch.rand(1, 4, generator=gen)
+    weight = torch.randn(1, 24, 4, 4, 6, generator=gen)
+    out = model.forward_teacher_forcing(clean, x, t, ctx, anchor=clean[:, :, :1], audio=audio, audio_timestep=0.3,
+                                        cameras=moving_cameras(4))
+    (out * weight).sum().backward()
+    grads = {name: torch.zeros_like(p) if p.grad is None else p.grad.detach().clone()
+             for name, p in model.named_parameters()}  # the audio head has no gradient here
+    if world > 1:
+        for g in grads.values():
+            dist.all_reduce(g)
+    return out.detach(), grads
+
+
+def run_ltx(rank: int, world: int):
+    from tests.unit.models.family_helpers import ltx_dims, ltx_ours, randomize as rnd
+
+    model = rnd(ltx_ours(ltx_dims(), camera_transform="linear"))
+    if world > 1:
+        model.set_sequence_parallel(SPGroup(None, rank, world))
+    gen = torch.Generator().manual_seed(6)
+    x = torch.randn(1, 128, 5, 2, 3, generator=gen)
+    ctx = torch.randn(1, 4, 24, generator=gen)
+    weight = torch.randn(1, 128, 5, 2, 3, generator=gen)
+    out = model(x, torch.tensor([[0.0, 500.0, 500.0, 500.0, 500.0]]), ctx, cameras=moving_cameras(5))
+    (out * weight).sum().backward()
+    grads = {name: torch.zeros_like(p) if p.grad is None else p.grad.detach().clone()
+             for name, p in model.named_parameters()}
+    if world > 1:
+        for g in grads.values():
+            dist.all_reduce(g)
+    return out.detach(), grads

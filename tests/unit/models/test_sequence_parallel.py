@@ -27,3 +27,14 @@ def test_sp2_equals_sp1(mode, frames):
         assert (out - single_out).abs().max().item() <= 1e-5
         for name, g in single_grads.items():
             assert torch.allclose(grads[name], g, atol=1e-5, rtol=1e-4), name
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("worker", ["run_h3", "run_ltx"])
+def test_h3_and_ltx_sp2_equal_sp1(worker):
+    fn = getattr(sp_worker, worker)
+    single_out, single_grads = fn(0, 1)
+    for out, grads in run_ranks(fn, 2):
+        assert (out - single_out).abs().max().item() <= 1e-5
+        for name, g in single_grads.items():
+            assert torch.allclose(grads[name], g, atol=1e-5, rtol=1e-4), name

@@ -156,8 +156,10 @@ SPECS: dict[str, FamilySpec] = {
         title="LTX-2.5 (video only)",
         vae=_LTX_VAE,
         profiles={
-            "released": Dims(48, 4096, 32, 128, 16384, 3840, 256, 128, 128, (1, 1, 1), 0),
-            "tiny": Dims(2, 64, 4, 16, 256, 32, 32, 128, 128, (1, 1, 1), 0),
+            # LTX-2.5 has no caption projection in the transformer: prompt features arrive at the
+            # hidden width (text_dim == hidden_size).
+            "released": Dims(48, 4096, 32, 128, 16384, 4096, 256, 128, 128, (1, 1, 1), 0),
+            "tiny": Dims(2, 64, 4, 16, 256, 64, 256, 128, 128, (1, 1, 1), 0),
         },
         frame_profiles={"stage0p5": (153,)},
         camera_transforms=("linear", "logd4"),
@@ -175,7 +177,7 @@ SPECS: dict[str, FamilySpec] = {
         vae=_H3_VAE,
         profiles={
             "released": Dims(50, 5376, 56, 128, 14336, 5120, 256, 24, 24, (1, 2, 2), 96),
-            "tiny": Dims(2, 64, 4, 32, 128, 32, 32, 24, 24, (1, 2, 2), 24),
+            "tiny": Dims(2, 64, 4, 32, 128, 40, 32, 24, 24, (1, 2, 2), 24),
         },
         frame_profiles={"stage0p5": (158,), "stage1": (158,), "stage2": (158,)},
         camera_transforms=("logd4",),

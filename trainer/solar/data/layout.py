@@ -16,7 +16,8 @@ D prompt width)::
 Metadata: ``schema`` (solar.sample.v1), ``family``, ``sample_id``, ``key``, ``num_frames`` (F),
 ``fps``, ``height``, ``width``, ``caption``. Dataset-level tensors live beside the shards:
 ``conditioning/negative-prompt.safetensors`` (``prompt_embeds``) and, for MiniMax-H3,
-``support/audio-silence.safetensors`` (``audio_latents`` [A, T]: the encoded silence).
+``support/audio-silence.safetensors`` (``audio_latents`` [2, T_a, 32]: the encoded silence of the
+two audio channels, 32 features per latent).
 """
 
 from __future__ import annotations
@@ -32,7 +33,8 @@ METADATA_KEYS = ("schema", "family", "sample_id", "key", "num_frames", "fps", "h
                  "caption")
 NEGATIVE_PROMPT = "conditioning/negative-prompt.safetensors"
 AUDIO_SILENCE = "support/audio-silence.safetensors"
-H3_AUDIO_CHANNELS = 32
+H3_AUDIO_CHANNELS = 2
+H3_AUDIO_FEATURES = 32
 A14B_CONDITION_CHANNELS = 20
 
 

@@ -28,6 +28,7 @@ from solar.data.layout import (
     A14B_CONDITION_CHANNELS,
     AUDIO_SILENCE,
     H3_AUDIO_CHANNELS,
+    H3_AUDIO_FEATURES,
     NEGATIVE_PROMPT,
     SAMPLE_SCHEMA,
 )
@@ -252,6 +253,6 @@ def _write_support(work: Path, family: str, *, seed: int, tokens: int, text_dim:
     if family == "minimax_h3":
         (work / "support").mkdir()
         gen = torch.Generator().manual_seed(_seed_of(seed, "audio-silence", 0))
-        silence = (torch.randn(H3_AUDIO_CHANNELS, latents, generator=gen) * 0.05).to(dtype)
+        silence = (torch.randn(H3_AUDIO_CHANNELS, latents, H3_AUDIO_FEATURES, generator=gen) * 0.05).to(dtype)
         _write_file(work / AUDIO_SILENCE, save({"audio_latents": silence},
                                                metadata={"schema": "solar.support.v1"}))

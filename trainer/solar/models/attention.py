@@ -7,12 +7,13 @@
   (``flash``, ``efficient``, ``cudnn``, ``math``); masks become dense boolean matrices.
 - ``flex``: FlexAttention with a block mask built from the same rule (teacher forcing on GPU).
 
-``TokenMask`` describes the teacher-forcing layout per token (kind clean/noisy/pad and chunk
-index) and answers "may query i see key j" with tensor ops, so the dense matrix and the flex
+``TokenMask`` describes the teacher-forcing layout per token (kind prefix/clean/noisy/pad and
+chunk index) and answers "may query i see key j" with tensor ops, so the dense matrix and the flex
 ``mask_mod`` come from one rule::
 
-    clean chunk i  -> clean chunks [i - W, i]
-    noisy chunk i  -> clean chunks [i - W, i - 1] and noisy chunk i (never clean chunk i)
+    prefix         -> prefix (request-constant rows: H3's text, keyframe anchor, audio)
+    clean chunk i  -> prefix and clean chunks [i - W, i]
+    noisy chunk i  -> prefix, clean chunks [i - W, i - 1] and noisy chunk i (never clean chunk i)
     pad            -> only itself; no real token sees a pad
 """
 
@@ -26,7 +27,7 @@ from typing import Callable
 import torch
 import torch.nn.functional as F
 
-CLEAN, NOISY, PAD = 0, 1, 2
+CLEAN, NOISY, PAD, PREFIX = 0, 1, 2, 3
 BACKENDS = ("reference", "sdpa", "flex")
 SDPA_KERNELS = ("flash", "efficient", "cudnn", "math")
 
@@ -45,8 +46,9 @@ class TokenMask:
         clean_q = (kq == CLEAN) & (kk == CLEAN) & (lag >= 0) & (lag <= self.window)
         noisy_ctx = (kq == NOISY) & (kk == CLEAN) & (lag >= 1) & (lag <= self.window)
         noisy_self = (kq == NOISY) & (kk == NOISY) & (lag == 0)
+        prefix = (kk == PREFIX) & (kq != PAD)
         pad_self = (kq == PAD) & (q == k)
-        return clean_q | noisy_ctx | noisy_self | pad_self
+        return clean_q | noisy_ctx | noisy_self | prefix | pad_self
 
     def dense(self) -> torch.Tensor:
         idx = torch.arange(self.kind.numel(), device=self.kind.device)

@@ -74,3 +74,19 @@ def apply_blocks(x_BSHD: torch.Tensor, matrix_BF44: torch.Tensor, tokens_per_fra
     mixed = torch.einsum("bfij,bfnhpj->bfnhpi", matrix_BF44.to(cam.dtype), blocks)
     mixed = mixed.reshape(B, S, H, D - start)
     return mixed if start == 0 else torch.cat([head, mixed], dim=-1)
+
+
+def apply_rows(x_BSHD: torch.Tensor, matrix_BF44: torch.Tensor, frame_of_row: torch.Tensor,
+               start: int) -> torch.Tensor:
+    """Per-row variant for packed sequences: rows with ``frame_of_row >= 0`` are multiplied by their
+    frame's matrix on channels [start, D); other rows (text, audio) pass through unchanged."""
+    rows = (frame_of_row >= 0).nonzero().squeeze(-1)
+    if rows.numel() == 0:
+        return x_BSHD
+    B, _, H, D = x_BSHD.shape
+    sub = x_BSHD.index_select(1, rows)
+    mats = matrix_BF44.index_select(1, frame_of_row.index_select(0, rows)).to(x_BSHD.dtype)  # [B, R, 4, 4]
+    cam = sub[..., start:].reshape(B, rows.numel(), H, (D - start) // 4, 4)
+    mixed = torch.einsum("brij,brhpj->brhpi", mats, cam).reshape(B, rows.numel(), H, D - start)
+    sub = mixed if start == 0 else torch.cat([sub[..., :start], mixed], dim=-1)
+    return x_BSHD.index_copy(1, rows, sub)

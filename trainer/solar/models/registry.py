@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import dataclasses
 from pathlib import Path
 
 import torch
@@ -11,36 +10,68 @@ from solar.config import families
 from solar.config.families import Dims
 from solar.errors import SolarError
 
-IMPLEMENTED = ("wan22_ti2v_5b", "wan22_i2v_a14b")
+# The LTX-2.5 transformer's variant flags (diffusers' LTX-2 options): gated attention, a static
+# per-block prompt modulation (KV-cacheable cross-attention), no FFN bias, no caption projection
+# (prompt features arrive at the hidden width), the keyframe embedding, split RoPE.
+LTX25 = dict(gated_attn=True, cross_attn_mod=True, ff_bias=False, caption_projection=False,
+             keyframes_embedding=True, rope_type="split")
+WAN = ("wan22_ti2v_5b", "wan22_i2v_a14b")
 
 
-def require_implemented(family: str) -> None:
-    if family not in IMPLEMENTED:
-        raise SolarError(f"--family {family}: this build has no Solar model for {family} yet "
-                         f"(available: {', '.join(IMPLEMENTED)})")
+def canonical(family: str) -> str:
+    name = families.canonical_family(family)
+    if name is None:
+        raise SolarError(f"--family {family!r} is not a family; use one of {', '.join(families.FAMILIES)}")
+    return name
 
 
 def build(family: str, dims: Dims, *, device: str | torch.device = "cpu", **options) -> torch.nn.Module:
-    require_implemented(family)
-    from solar.models.wan.model import WanConfig, WanDiT
-
+    """The backbone of ``family`` (options: camera_transform, attention_backend, sdpa_kernel,
+    anyflow, anyflow_gate, chunk_latents, max_prior_clean_chunks as the family supports them)."""
     with torch.device(device):
-        return WanDiT(WanConfig(dims=dims, **options))
+        if family in WAN:
+            from solar.models.wan.model import WanConfig, WanDiT
+
+            return WanDiT(WanConfig(dims=dims, **options))
+        if family == "ltx25_video":
+            from solar.models.ltx.model import LTXConfig, LTXVideoDiT
+
+            for key in ("anyflow", "anyflow_gate", "chunk_latents", "max_prior_clean_chunks"):
+                if options.pop(key, None) not in (None, False):
+                    raise SolarError(f"LTX-2.5 has no {key} (Stage0.5 only)")
+            return LTXVideoDiT(LTXConfig(dims=dims, **{**LTX25, **options}))
+        if family == "minimax_h3":
+            from solar.models.h3.model import H3Config, H3DiT
+
+            return H3DiT(H3Config(dims=dims, **options))
+    raise SolarError(f"no Solar model for family {family!r}")
+
+
+def expected_shapes(family: str, dims: Dims, *, anyflow: bool = False) -> dict[str, tuple[int, ...]]:
+    model = build(family, dims, device="meta", **({"anyflow": True} if anyflow else {}))
+    return {k: tuple(v.shape) for k, v in model.state_dict().items()}
 
 
 def model_from_config(cfg, *, device: str | torch.device = "meta") -> torch.nn.Module:
-    """The backbone a resolved run config describes (built on ``device``; meta by default)."""
+    """The backbone a resolved run config describes (built on ``device``; meta by default), with LoRA
+    adapters attached for ``training_mode: lora``."""
     from solar.config.contracts import effective_dims
 
-    causal = cfg.model.causal
+    family = cfg.model.family
     options = {"camera_transform": cfg.model.camera_translation_transform,
-               "attention_backend": cfg.model.attention_backend, "sdpa_kernel": cfg.model.sdpa_kernel,
-               "anyflow": cfg.train.objective == "anyflow_forward_map"}
-    if cfg.model.anyflow_gate is not None:
-        options["anyflow_gate"] = cfg.model.anyflow_gate
+               "attention_backend": cfg.model.attention_backend, "sdpa_kernel": cfg.model.sdpa_kernel}
+    if cfg.train.objective == "anyflow_forward_map":
+        options.update(anyflow=True, anyflow_gate=cfg.model.anyflow_gate)
+    causal = cfg.model.causal
     if causal is not None:
         options.update(chunk_latents=causal.chunk_latents, max_prior_clean_chunks=causal.max_prior_clean_chunks)
-    return build(cfg.model.family, effective_dims(cfg), device=device, **options)
+    model = build(family, effective_dims(cfg), device=device, **options)
+    if cfg.model.training_mode == "lora":
+        from solar.models.lora import apply_lora
+
+        lora = cfg.model.lora
+        apply_lora(model, family, rank=lora.rank, alpha=lora.alpha, targets=list(lora.targets), dropout=lora.dropout)
+    return model
 
 
 def count_parameters(module: torch.nn.Module) -> int:
@@ -49,39 +80,42 @@ def count_parameters(module: torch.nn.Module) -> int:
 
 def info(family: str, profile: str) -> dict:
     """Dims and parameter counts, counted on the meta device (nothing is allocated)."""
-    canonical = families.canonical_family(family)
-    if canonical is None:
-        raise SolarError(f"--family {family!r} is not a family; use one of {', '.join(families.FAMILIES)}")
-    require_implemented(canonical)
-    spec = families.spec(canonical)
+    from solar.models.convert import dims_json
+
+    name = canonical(family)
+    spec = families.spec(name)
     dims = spec.dims(profile)
-    model = build(canonical, dims, device="meta")
-    parts = {"blocks": count_parameters(model.blocks),
-             "embeddings": count_parameters(model.patch_embedding) + count_parameters(model.condition_embedder),
-             "head": count_parameters(model.proj_out) + model.scale_shift_table.numel()}
+    model = build(name, dims, device="meta")
+    parts = {child: count_parameters(module) for child, module in model.named_children()}
+    parts = {k: v for k, v in parts.items() if v}
+    direct = sum(p.numel() for p in model.parameters(recurse=False))
+    if direct:
+        parts["(own parameters)"] = direct
     total = count_parameters(model)
-    return {"family": canonical, "title": spec.title, "profile": profile,
-            "dims": {k: list(v) if isinstance(v, tuple) else v for k, v in dataclasses.asdict(dims).items()},
-            "parameters": total, "parameters_by_part": parts, "bytes_bfloat16": 2 * total,
-            "vae": {"name": spec.vae.name, "channels": spec.vae.channels, "spatial": spec.vae.spatial,
-                    "temporal": spec.vae.temporal},
-            "allocated": False}
+    result = {"family": name, "title": spec.title, "profile": profile, "dims": dims_json(dims),
+              "parameters": total, "parameters_by_part": parts, "bytes_bfloat16": 2 * total,
+              "vae": {"name": spec.vae.name, "channels": spec.vae.channels, "spatial": spec.vae.spatial,
+                      "temporal": spec.vae.temporal},
+              "training_mode": spec.training_mode, "allocated": False}
+    if spec.training_mode == "lora":
+        from solar.models.lora import apply_lora, trainable_parameters
+
+        apply_lora(model, name, rank=384, alpha=384.0, targets=["q", "k", "v", "o", "ffn"])
+        result["lora_r384_trainable_parameters"] = trainable_parameters(model)
+    return result
 
 
 def convert(family: str, kind: str, src: str, out: str, progress=lambda _: None) -> dict:
-    from solar.models.wan.convert import plan_conversion
+    from solar.models.convert import dims_json, plan
     from solar.models.weights import write_solar
 
-    canonical = families.canonical_family(family)
-    if canonical is None:
-        raise SolarError(f"--family {family!r} is not a family; use one of {', '.join(families.FAMILIES)}")
-    require_implemented(canonical)
+    name = canonical(family)
     if kind not in ("diffusers", "official"):
         raise SolarError(f"--from {kind!r}: use diffusers or official")
-    dims, source, mapping = plan_conversion(canonical, kind, src)
-    specs = {target: source.shapes[name] for target, name in mapping.items()}
-    manifest = {"family": canonical, "dims": {k: list(v) if isinstance(v, tuple) else v
-                                              for k, v in dataclasses.asdict(dims).items()},
-                "anyflow": any(k.startswith("condition_embedder.delta_embedding.") for k in specs),
-                "source": {"format": kind, "path": str(Path(src).resolve())}}
-    return write_solar(out, specs, lambda name: source.get(mapping[name]), manifest, progress)
+    dims, source, mapping, dropped = plan(name, kind, src)
+    specs = {target: source.shapes[origin] for target, origin in mapping.items()}
+    manifest = {"family": name, "dims": dims_json(dims),
+                "anyflow": any("delta_embedding." in k for k in specs),
+                "source": {"format": kind, "path": str(Path(src).resolve()),
+                           "dropped_tensors": len(dropped)}}
+    return write_solar(out, specs, lambda n: source.get(mapping[n]), manifest, progress)

@@ -13,8 +13,6 @@ import json
 import re
 from pathlib import Path
 
-import torch
-
 from solar.config import families
 from solar.config.families import Dims
 from solar.models.weights import TensorSource, WeightsError, compare_keys, open_source
@@ -111,14 +109,6 @@ def resolve_source_dir(src: Path) -> Path:
     return src / "transformer" if (src / "transformer").is_dir() and src.is_dir() else src
 
 
-def expected_shapes(dims: Dims, anyflow: bool = False) -> dict[str, tuple[int, ...]]:
-    from solar.models.wan.model import WanConfig, WanDiT
-
-    with torch.device("meta"):
-        model = WanDiT(WanConfig(dims=dims, anyflow=anyflow))
-    return {k: tuple(v.shape) for k, v in model.state_dict().items()}
-
-
 def plan_conversion(family: str, kind: str, src: str | Path) -> tuple[Dims, TensorSource, dict[str, str]]:
     """Dims, the source, and the Solar-name -> source-name map, checked strictly."""
     src = resolve_source_dir(Path(src))
@@ -135,7 +125,9 @@ def plan_conversion(family: str, kind: str, src: str | Path) -> tuple[Dims, Tens
         mapping[target] = name
     got = {target: source.shapes[name][1] for target, name in mapping.items()}
     anyflow = any(k.startswith("condition_embedder.delta_embedding.") for k in got)
-    report = compare_keys(expected_shapes(dims, anyflow), got)
+    from solar.models.registry import expected_shapes
+
+    report = compare_keys(expected_shapes(family, dims, anyflow=anyflow), got)
     if not report.ok:
         raise WeightsError(f"{src} does not match a {family} model with the source's dims: {report.summary()}")
     return dims, source, mapping
