@@ -117,6 +117,9 @@ def test_cli_verbs_and_flags_are_frozen_to_the_contract():
                       "--local-world-size", "--num-workers", "--worker-id", "--epoch", "--mode", "--limit"},
         "data synth": {"--family", "--out", "--samples", "--seed", "--profile"},
         "model info": {"--family", "--profile"},
+        "train": {"--config", "--set"},
+        "checkpoint verify": {"--route-config"},
+        "checkpoint list": set(),
         "model convert": {"--family", "--from", "--out"},
     }
 

@@ -103,6 +103,41 @@ def cmd_data_synth(args: argparse.Namespace) -> int:
     return 0
 
 
+def cmd_train(args: argparse.Namespace) -> int:
+    from solar.train.launch import train
+
+    return train(args.config, args.set)
+
+
+def cmd_checkpoint_verify(args: argparse.Namespace) -> int:
+    from solar.storage.checkpoints import verify
+
+    contract = None
+    if args.route_config:
+        from solar.config.contracts import checkpoint_contract
+        from solar.config.loader import read_document
+        from solar.config.resolve import resolve_tree
+
+        _, tree = read_document(args.route_config)
+        if tree.get("schema") == "solar.resolved.v1":
+            tree = tree["config"]
+        resolved = resolve_tree(tree, source=args.route_config, source_digest="")
+        contract = checkpoint_contract(resolved.config, resolved.route)
+        contract.pop("sequence_parallel_size")
+    report = verify(args.dir, contract)
+    _emit_json(report)
+    return 0 if report["valid"] else 2
+
+
+def cmd_checkpoint_list(args: argparse.Namespace) -> int:
+    from solar.storage.checkpoints import list_checkpoints
+
+    if not os.path.isdir(args.run_dir):
+        raise SolarError(f"{args.run_dir}: no such run directory")
+    _emit_json(list_checkpoints(args.run_dir))
+    return 0
+
+
 def cmd_model_info(args: argparse.Namespace) -> int:
     from solar.models.registry import info
 
@@ -173,6 +208,23 @@ def build_parser() -> argparse.ArgumentParser:
     synth_p.add_argument("--seed", type=int, default=0)
     synth_p.add_argument("--profile", default="tiny", choices=["tiny", "released"])
     synth_p.set_defaults(func=cmd_data_synth)
+
+    train_p = verbs.add_parser("train", help="run one training route (alone, or one rank under torchrun)")
+    train_p.add_argument("--config", required=True, metavar="PATH")
+    train_p.add_argument("--set", action="append", default=[], metavar="KEY=VALUE")
+    train_p.set_defaults(func=cmd_train)
+
+    ck = verbs.add_parser("checkpoint", help="verify and list checkpoints")
+    ck_verbs = ck.add_subparsers(dest="checkpoint_verb", metavar="ACTION", parser_class=_Parser)
+    ck_verbs.required = True
+    verify_p = ck_verbs.add_parser("verify", help="check a checkpoint's transaction and members (exit 2 if invalid)")
+    verify_p.add_argument("dir", metavar="DIR")
+    verify_p.add_argument("--route-config", metavar="RESOLVED_OR_CONFIG",
+                          help="also check the checkpoint's contract against this route")
+    verify_p.set_defaults(func=cmd_checkpoint_verify)
+    list_p = ck_verbs.add_parser("list", help="every checkpoint of a run (partials as incomplete)")
+    list_p.add_argument("run_dir", metavar="RUN_DIR")
+    list_p.set_defaults(func=cmd_checkpoint_list)
 
     model = verbs.add_parser("model", help="model dimensions and weight conversion")
     model_verbs = model.add_subparsers(dest="model_verb", metavar="ACTION", parser_class=_Parser)

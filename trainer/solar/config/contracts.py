@@ -456,3 +456,42 @@ def is_read_by(cfg: RunConfig, route: Route):
         return not any(dotted == p or dotted.startswith(p + ".") for p in unread)
 
     return is_read
+
+
+def checkpoint_contract(cfg: RunConfig, route: Route) -> dict:
+    """What a checkpoint records about the route it was trained for (and loaders check)."""
+    return {"family": route.family, "stage": route.stage, "causal_mode": route.causal_mode,
+            "objective": route.objective, "objective_variant": route.variant,
+            "camera_translation_transform": cfg.model.camera_translation_transform,
+            "parameterization": families.spec(route.family).parameterization,
+            "sequence_parallel_size": cfg.distributed.sequence_parallel_size,
+            "data_generation": "solar.sample.v1"}
+
+
+# Which source stage/objective each target may initialise from (semantics.md §1, §5).
+INIT_SOURCES = {
+    "stage0p5": {("stage0p5", None)},
+    "stage1": {("stage0p5", None)},
+}
+
+
+def source_problem(target: Route, source: dict, cfg: RunConfig, *, resume: bool) -> str | None:
+    """Why a checkpoint's contract cannot feed this route, or None."""
+    if source.get("family") != target.family:
+        return f"it is a {source.get('family')} checkpoint, this run is {target.family}"
+    if source.get("camera_translation_transform") != cfg.model.camera_translation_transform:
+        return (f"its camera translation transform is {source.get('camera_translation_transform')}, this run uses "
+                f"{cfg.model.camera_translation_transform}")
+    if source.get("parameterization") != families.spec(target.family).parameterization:
+        return f"its parameterization is {source.get('parameterization')}"
+    if resume:
+        for key in ("stage", "causal_mode", "objective", "objective_variant", "sequence_parallel_size"):
+            expected = checkpoint_contract(cfg, target)[key]
+            if source.get(key) != expected:
+                return f"a full resume needs {key} {expected!r}, the checkpoint has {source.get(key)!r}"
+        return None
+    allowed = INIT_SOURCES.get(target.stage, set())
+    if (source.get("stage"), None) not in allowed:
+        stages = " or ".join(sorted(s for s, _ in allowed)) or "no single checkpoint (use roles)"
+        return f"route {target.key} initialises from {stages} weights, the checkpoint is {source.get('stage')}"
+    return None

@@ -1,0 +1,49 @@
+"""Running `solar train` as users do: a process, or ranks under torchrun."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+from tests.conftest import CONFIGS, REPO
+
+TINY = {
+    "wan22_ti2v_5b": CONFIGS / "tiny" / "wan22_ti2v_5b" / "train_stage0p5_fm_81f.yaml",
+    "wan22_i2v_a14b": CONFIGS / "tiny" / "wan22_i2v_a14b" / "train_stage0p5_fm_81f.yaml",
+    "ltx25_video": CONFIGS / "tiny" / "ltx25" / "train_stage0p5_fm_153f.yaml",
+    "minimax_h3": CONFIGS / "tiny" / "minimax_h3" / "train_stage0p5_fm_158f.yaml",
+}
+
+
+def env(extra: dict | None = None) -> dict:
+    out = {k: v for k, v in os.environ.items() if k not in ("SOLAR_INJECT_FAULT", "SOLAR_DEBUG", "RANK", "WORLD_SIZE")}
+    out.update(OMP_NUM_THREADS="1", PYTHONUNBUFFERED="1")
+    out.update(extra or {})
+    return out
+
+
+def train(config: Path, sets: list[str], *, nproc: int = 1, extra_env: dict | None = None, timeout: int = 300,
+          wait: bool = True):
+    args = ["-m", "solar", "train", "--config", str(config)]
+    for item in sets:
+        args += ["--set", item]
+    if nproc > 1:
+        cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc-per-node={nproc}", *args]
+    else:
+        cmd = [sys.executable, *args]
+    if not wait:
+        return subprocess.Popen(cmd, cwd=REPO, env=env(extra_env), stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                                text=True)
+    return subprocess.run(cmd, cwd=REPO, env=env(extra_env), capture_output=True, text=True, timeout=timeout)
+
+
+def steps(run: Path, rank: int = 0) -> list[dict]:
+    path = run / "events" / f"rank-{rank:05d}.jsonl"
+    return [e for e in map(json.loads, path.read_text().splitlines()) if e["event"] == "step"]
+
+
+def result(run: Path) -> dict:
+    return json.loads((run / "run-result.json").read_text())

@@ -1,0 +1,64 @@
+"""Checkpoint transactions: verify/list through the CLI, tampering, and SIGKILL crash consistency."""
+
+from __future__ import annotations
+
+import json
+import shutil
+import subprocess
+import sys
+
+import pytest
+
+from solar.data.synth import synthesize
+from tests.conftest import REPO
+from tests.e2e.helpers import TINY, train
+
+pytestmark = pytest.mark.slow
+
+
+@pytest.fixture(scope="module")
+def run(tmp_path_factory):
+    base = tmp_path_factory.mktemp("ck")
+    synthesize("wan22_ti2v_5b", base / "data", samples=4, seed=0)
+    out = base / "run"
+    proc = train(TINY["wan22_ti2v_5b"], [f"data.root={base / 'data'}", f"runtime.output_dir={out}",
+                                         "train.max_steps=4", "runtime.save_every=2"])
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    return out
+
+
+def test_verify_and_list(run, cli, tmp_path):
+    ckpt = run / "checkpoints" / "step_00000004"
+    result = cli("checkpoint", "verify", str(ckpt))
+    report = json.loads(result.out)
+    assert result.code == 0 and report["valid"] and report["complete"] and report["step"] == 4
+    assert report["roles"]["model"]["weights"] == ["live", "ema"]
+    assert set(report["roles"]["model"]["members"]) >= {"model/live.safetensors", "model/ema.safetensors"}
+    resolved = run / "resolved-config.json"
+    assert cli("checkpoint", "verify", str(ckpt), "--route-config", str(resolved)).code == 0
+    copy = tmp_path / "checkpoints" / "step_00000004"
+    shutil.copytree(ckpt, copy)
+    with open(copy / "model" / "ema.safetensors", "ab") as handle:
+        handle.write(b"x")
+    result = cli("checkpoint", "verify", str(copy))
+    assert result.code == 2 and "member model/ema.safetensors has" in result.out
+    (copy / "COMPLETE.json").unlink()
+    assert "no COMPLETE.json" in cli("checkpoint", "verify", str(copy)).out
+    (run / "checkpoints" / ".step_00000006.deadbeef.partial").mkdir()
+    listing = json.loads(cli("checkpoint", "list", str(run)).out)
+    assert [(r["step"], r["complete"], r["valid"]) for r in listing] == [(2, True, True), (4, True, True),
+                                                                          (6, False, False)]
+    other = tmp_path / "other.yaml"
+    other.write_text((REPO / "configs/solar_wm/tiny/minimax_h3/train_stage0p5_fm_158f.yaml").read_text()
+                     .replace("/path/to/solar-synth/minimax_h3", "/d").replace("/path/to/outputs/", "/o/"))
+    mismatch = cli("checkpoint", "verify", str(ckpt), "--route-config", str(other))
+    assert mismatch.code == 2 and "contract family: checkpoint has 'wan22_ti2v_5b', expected 'minimax_h3'" in mismatch.out
+
+
+def test_crash_consistency_under_sigkill():
+    """A short run of bench/crash (30+ trials are recorded in bench/RESULTS.md)."""
+    proc = subprocess.run([sys.executable, str(REPO / "bench/crash/crash_consistency.py"), "--trials", "4",
+                           "--seed", "7", "--workdir", str(REPO / ".cache/crash-test")], capture_output=True,
+                          text=True, timeout=600)
+    report = json.loads(proc.stdout)
+    assert proc.returncode == 0 and report["failures"] == 0, proc.stdout

@@ -1,0 +1,170 @@
+"""`solar train` end to end on CPU: families under torchrun, exact resume, SP, faults, run dirs."""
+
+from __future__ import annotations
+
+import json
+import signal
+import time
+
+import pytest
+import torch
+from safetensors.torch import load_file
+
+from solar.data.synth import synthesize
+from tests.e2e.helpers import TINY, result, steps, train
+
+pytestmark = pytest.mark.slow
+
+
+@pytest.fixture(scope="module")
+def data(tmp_path_factory):
+    base = tmp_path_factory.mktemp("synth")
+    return {f: synthesize(f, base / f, samples=4, seed=1) and base / f for f in TINY}
+
+
+def _sets(data_root, out, *extra):
+    return [f"data.root={data_root}", f"runtime.output_dir={out}", "runtime.log_every=100", *extra]
+
+
+@pytest.mark.parametrize("family", list(TINY))
+def test_tiny_stage0p5_under_torchrun_learns(family, data, tmp_path):
+    out = tmp_path / "run"
+    lora = family in ("ltx25_video", "minimax_h3")
+    world = ["distributed.world_size=2"] + ([] if family == "minimax_h3" else ["train.global_batch_size=8"])
+    if family == "minimax_h3":
+        world.append("train.global_batch_size=4")  # SP 2: one logical DP rank
+    proc = train(TINY[family], _sets(data[family], out, *world, "train.micro_batch_size=2",
+                                     "train.gradient_accumulation=2", "train.max_steps=60", "runtime.save_every=30",
+                                     f"train.optimizer.lr={'1e-2' if lora else '1e-3'}"), nproc=2)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    losses = [e["loss_mean"] for e in steps(out)]
+    assert len(losses) == 60
+    first, last = sum(losses[:10]) / 10, sum(losses[-10:]) / 10
+    assert last < first - 0.05, (first, last)
+    assert result(out)["status"] == "complete"
+    assert steps(out, rank=1)[0]["loss_mean"] == losses[0]  # every rank agrees on the mean
+
+
+@pytest.mark.parametrize("sharding", ["none", "full_shard"])
+def test_resume_is_bitwise_exact(sharding, data, tmp_path):
+    base = _sets(data["wan22_ti2v_5b"], "{out}", "distributed.world_size=2", "train.global_batch_size=2",
+                 "train.max_steps=6", "runtime.save_every=0", "data.random_start=true", "data.shuffle_buffer=2",
+                 f"distributed.sharding={sharding}")
+    fill = lambda out: [s.replace("{out}", str(out)) for s in base]  # noqa: E731
+    straight, split = tmp_path / "straight", tmp_path / "split"
+    assert train(TINY["wan22_ti2v_5b"], fill(straight), nproc=2).returncode == 0
+    first = train(TINY["wan22_ti2v_5b"], fill(split) + ["runtime.exit_after_step=3"], nproc=2)
+    assert first.returncode == 0 and result(split)["status"] == "stopped"
+    resumed = train(TINY["wan22_ti2v_5b"], fill(split) + ["checkpoint.mode=full_resume",
+                                                          f"checkpoint.path={split}/checkpoints/step_00000003"], nproc=2)
+    assert resumed.returncode == 0, resumed.stderr[-2000:]
+    assert result(split)["status"] == "complete"
+    a, b = straight / "checkpoints" / "step_00000006", split / "checkpoints" / "step_00000006"
+    for member in ("model/live.safetensors", "model/ema.safetensors", "model/optimizer.safetensors",
+                   "model/optimizer.json", "trainer.json", "rng/rank-00000.json", "rng/rank-00001.json",
+                   "data/rank-00000.json", "data/rank-00001.json"):
+        assert (a / member).read_bytes() == (b / member).read_bytes(), member
+    for rank in (0, 1):
+        assert [e["loss"] for e in steps(straight, rank)] == [e["loss"] for e in steps(split, rank)]
+    assert (split / "launches").is_dir()  # the resumed launch is recorded beside the first
+
+
+def test_sequence_parallel_steps_match_sp1(data, tmp_path):
+    common = ["train.max_steps=3", "runtime.save_every=0", "train.global_batch_size=1"]
+    sp1, sp2 = tmp_path / "sp1", tmp_path / "sp2"
+    assert train(TINY["wan22_ti2v_5b"], _sets(data["wan22_ti2v_5b"], sp1, *common)).returncode == 0
+    proc = train(TINY["wan22_ti2v_5b"], _sets(data["wan22_ti2v_5b"], sp2, *common, "distributed.world_size=2",
+                                              "distributed.sequence_parallel_size=2"), nproc=2)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    for x, y in zip(steps(sp1), steps(sp2)):
+        assert abs(x["loss"] - y["loss"]) < 1e-5 and abs(x["grad_norm"] - y["grad_norm"]) < 1e-4 * max(1, x["grad_norm"])
+    w1 = load_file(sp1 / "checkpoints" / "step_00000003" / "model" / "live.safetensors")
+    w2 = load_file(sp2 / "checkpoints" / "step_00000003" / "model" / "live.safetensors")
+    for name in w1:
+        assert torch.allclose(w1[name], w2[name], atol=1e-5, rtol=1e-4), name
+
+
+def test_fsdp2_and_activation_checkpointing_match_plain_data_parallel(data, tmp_path):
+    common = ["distributed.world_size=2", "train.global_batch_size=2", "train.max_steps=3", "runtime.save_every=0"]
+    plain, sharded = tmp_path / "plain", tmp_path / "sharded"
+    assert train(TINY["wan22_ti2v_5b"], _sets(data["wan22_ti2v_5b"], plain, *common), nproc=2).returncode == 0
+    proc = train(TINY["wan22_ti2v_5b"], _sets(data["wan22_ti2v_5b"], sharded, *common, "distributed.sharding=full_shard",
+                                              "distributed.activation_checkpointing=true"), nproc=2)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    for x, y in zip(steps(plain), steps(sharded)):
+        assert abs(x["loss"] - y["loss"]) < 1e-5
+    a = load_file(plain / "checkpoints" / "step_00000003" / "model" / "live.safetensors")
+    b = load_file(sharded / "checkpoints" / "step_00000003" / "model" / "live.safetensors")
+    assert a.keys() == b.keys() and all(torch.allclose(a[k], b[k], atol=1e-5) for k in a)
+
+
+@pytest.mark.parametrize("fault, rank, error_type, fragment", [
+    ("nan_batch", 1, "non_finite", "rank 1: non-finite loss nan at step 2 (sample 'synth-train-"),
+    ("raise", 0, "error", "rank 0: RuntimeError: injected fault (SOLAR_INJECT_FAULT) at step 2"),
+])
+def test_injected_faults_end_every_rank_together(fault, rank, error_type, fragment, data, tmp_path):
+    out = tmp_path / "run"
+    started = time.monotonic()
+    proc = train(TINY["wan22_ti2v_5b"], _sets(data["wan22_ti2v_5b"], out, "distributed.world_size=2",
+                                              "train.global_batch_size=2", "train.max_steps=4"), nproc=2,
+                 extra_env={"SOLAR_INJECT_FAULT": f"{fault}:step=2:rank={rank}"})
+    assert time.monotonic() - started < 60
+    assert proc.returncode != 0
+    doc = result(out)
+    assert doc["status"] == "failed" and doc["error_type"] == error_type
+    assert fragment in doc["message"]
+    for r in (0, 1):
+        errors = [json.loads(line) for line in (out / "events" / f"rank-{r:05d}.jsonl").read_text().splitlines()
+                  if '"error"' in line]
+        assert errors and errors[-1]["message"] == doc["message"]
+    assert "solar: error:" in proc.stderr
+
+
+def test_finished_run_directory_is_not_reused(data, tmp_path):
+    out = tmp_path / "run"
+    sets = _sets(data["wan22_ti2v_5b"], out, "train.max_steps=2")
+    assert train(TINY["wan22_ti2v_5b"], sets).returncode == 0
+    before = {p: p.read_bytes() for p in out.rglob("*") if p.is_file()}
+    again = train(TINY["wan22_ti2v_5b"], sets)
+    assert again.returncode == 2 and "already holds run" in again.stderr and again.stderr.count("\n") == 1
+    assert {p: p.read_bytes() for p in out.rglob("*") if p.is_file()} == before
+
+
+def test_sigterm_saves_and_stops(data, tmp_path):
+    out = tmp_path / "run"
+    proc = train(TINY["wan22_ti2v_5b"], _sets(data["wan22_ti2v_5b"], out, "train.max_steps=100000",
+                                              "runtime.save_every=0", "train.optimizer.warmup_steps=1"), wait=False)
+    events = out / "events" / "rank-00000.jsonl"
+    deadline = time.monotonic() + 120
+    while time.monotonic() < deadline and not (events.exists() and '"step"' in events.read_text()):
+        time.sleep(0.2)
+    proc.send_signal(signal.SIGTERM)
+    proc.wait(timeout=120)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    doc = result(out)
+    assert doc["status"] == "stopped" and doc["checkpoints"]
+    from solar.storage.checkpoints import verify
+
+    assert verify(doc["checkpoints"][-1]["path"])["valid"]
+
+
+def test_weights_only_init_and_contract_checks(data, tmp_path):
+    source = tmp_path / "source"
+    assert train(TINY["wan22_ti2v_5b"], _sets(data["wan22_ti2v_5b"], source, "train.max_steps=2")).returncode == 0
+    ckpt = source / "checkpoints" / "step_00000002"
+    child = tmp_path / "child"
+    proc = train(TINY["wan22_ti2v_5b"], _sets(data["wan22_ti2v_5b"], child, "train.max_steps=2",
+                                               "checkpoint.mode=weights_only", f"checkpoint.path={ckpt}",
+                                               "checkpoint.weights=ema"))
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    launch = json.loads((child / "launch-manifest.json").read_text())
+    assert launch["init"] == {"mode": "weights_only", "sources": [{"role": "model", "path": str(ckpt), "weights": "ema"}]}
+    wrong = train(TINY["wan22_ti2v_5b"], _sets(data["wan22_ti2v_5b"], tmp_path / "wrong", "train.max_steps=2",
+                                               "checkpoint.mode=weights_only", f"checkpoint.path={ckpt}",
+                                               "checkpoint.weights=live", "model.camera_translation_transform=logd4"))
+    assert wrong.returncode == 2
+    assert "its camera translation transform is linear, this run uses logd4" in wrong.stderr
+    missing = train(TINY["wan22_ti2v_5b"], _sets(data["wan22_ti2v_5b"], tmp_path / "missing", "train.max_steps=2",
+                                                 "checkpoint.mode=weights_only", f"checkpoint.path={ckpt}x",
+                                                 "checkpoint.weights=live"))
+    assert missing.returncode == 2 and "is not usable: not a directory" in missing.stderr

@@ -1,0 +1,1 @@
+"""Training objectives as pure functions of tensors (no modules, no I/O, no global RNG)."""

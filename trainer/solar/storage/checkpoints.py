@@ -1,0 +1,198 @@
+"""Checkpoint transactions and verification (no torch).
+
+A checkpoint is built in a hidden sibling ``checkpoints/.step_NNNNNNNN.<random>.partial/``; when
+every member is written, ``commit`` writes ``manifest.json`` (every member with its byte size),
+then ``COMPLETE.json`` (``manifest_digest`` = BLAKE2s-256 of the manifest's exact bytes), fsyncs
+every file and directory, renames the directory to ``checkpoints/step_NNNNNNNN`` and fsyncs the
+parent. A crash leaves only a partial directory, which nothing here ever treats as a checkpoint.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import secrets
+import struct
+from pathlib import Path
+
+from solar.config.canonical import blake2s_hex, pretty_bytes
+from solar.errors import SolarError
+from solar.storage.atomic import fsync_dir
+
+MANIFEST_SCHEMA = "solar.checkpoint.v1"
+COMPLETE_SCHEMA = "solar.checkpoint-complete.v1"
+STEP_DIR = re.compile(r"^step_(\d{8})$")
+PARTIAL_DIR = re.compile(r"^\.step_(\d{8})\.[0-9a-f]+\.partial$")
+CONTRACT_KEYS = ("family", "stage", "causal_mode", "objective", "objective_variant",
+                 "camera_translation_transform", "parameterization", "sequence_parallel_size", "data_generation")
+
+
+class CheckpointError(SolarError):
+    """A checkpoint is missing, incomplete, corrupt or incompatible."""
+
+
+def step_name(step: int) -> str:
+    return f"step_{step:08d}"
+
+
+def begin(run_dir: str | os.PathLike[str], step: int) -> Path:
+    root = Path(run_dir) / "checkpoints"
+    root.mkdir(parents=True, exist_ok=True)
+    final = root / step_name(step)
+    if final.exists():
+        raise CheckpointError(f"{final} already exists; checkpoints are never overwritten")
+    partial = root / f".{step_name(step)}.{secrets.token_hex(4)}.partial"
+    partial.mkdir()
+    return partial
+
+
+def _fsync_tree(path: Path) -> None:
+    for dirpath, _dirs, files in os.walk(path):
+        for name in files:
+            fd = os.open(os.path.join(dirpath, name), os.O_RDONLY)
+            try:
+                os.fsync(fd)
+            finally:
+                os.close(fd)
+        fsync_dir(dirpath)
+
+
+def commit(partial: Path, *, step: int, contract: dict, roles: dict, trainer_state: dict) -> Path:
+    """Write manifest + COMPLETE, fsync everything, rename into place. Returns the final path."""
+    files = []
+    for dirpath, _dirs, names in os.walk(partial):
+        for name in sorted(names):
+            full = Path(dirpath) / name
+            rel = full.relative_to(partial).as_posix()
+            files.append({"path": rel, "size": full.stat().st_size})
+    files.sort(key=lambda f: f["path"])
+    manifest = {"schema": MANIFEST_SCHEMA, "step": step, "contract": contract, "roles": roles,
+                "files": files, "trainer_state": trainer_state}
+    data = pretty_bytes(manifest)
+    with open(partial / "manifest.json", "xb") as handle:
+        handle.write(data)
+    complete = {"schema": COMPLETE_SCHEMA, "step": step, "manifest_digest": blake2s_hex(data)}
+    with open(partial / "COMPLETE.json", "xb") as handle:
+        handle.write(pretty_bytes(complete))
+    _fsync_tree(partial)
+    final = partial.parent / step_name(step)
+    os.rename(partial, final)
+    fsync_dir(partial.parent)
+    return final
+
+
+def _safetensors_problem(path: Path) -> str | None:
+    try:
+        with open(path, "rb") as handle:
+            head = handle.read(8)
+            if len(head) != 8:
+                return "shorter than a safetensors header"
+            (length,) = struct.unpack("<Q", head)
+            header = json.loads(handle.read(length))
+    except (OSError, ValueError) as exc:
+        return f"unreadable safetensors header ({exc})"
+    end = 0
+    for name, entry in header.items():
+        if name == "__metadata__":
+            continue
+        start, stop = entry["data_offsets"]
+        end = max(end, stop)
+    if 8 + length + end != path.stat().st_size:
+        return f"data ends at {8 + length + end} bytes but the file has {path.stat().st_size}"
+    return None
+
+
+def verify(path: str | os.PathLike[str], contract: dict | None = None) -> dict:
+    """The contract's verification report: {path, step, complete, valid, roles, problems}."""
+    root = Path(path)
+    report = {"path": str(root), "step": None, "complete": False, "valid": False, "roles": {}, "problems": []}
+    problems = report["problems"]
+    if not root.is_dir():
+        problems.append("not a directory")
+        return report
+    match = STEP_DIR.match(root.name)
+    if PARTIAL_DIR.match(root.name):
+        problems.append("a partial (unfinished) checkpoint")
+    complete_path, manifest_path = root / "COMPLETE.json", root / "manifest.json"
+    if not complete_path.is_file():
+        problems.append("no COMPLETE.json: the save did not finish")
+        return report
+    try:
+        complete = json.loads(complete_path.read_text())
+        manifest_bytes = manifest_path.read_bytes()
+        manifest = json.loads(manifest_bytes)
+    except (OSError, ValueError) as exc:
+        problems.append(f"unreadable marker or manifest ({exc})")
+        return report
+    report["complete"] = True
+    report["step"] = manifest.get("step")
+    if complete.get("schema") != COMPLETE_SCHEMA or manifest.get("schema") != MANIFEST_SCHEMA:
+        problems.append("unknown COMPLETE.json or manifest.json schema")
+    if complete.get("manifest_digest") != blake2s_hex(manifest_bytes):
+        problems.append("manifest.json does not match the digest in COMPLETE.json")
+    if complete.get("step") != manifest.get("step"):
+        problems.append("COMPLETE.json and manifest.json disagree on the step")
+    if match and int(match.group(1)) != manifest.get("step"):
+        problems.append(f"directory name says step {int(match.group(1))}, manifest says {manifest.get('step')}")
+    listed = set()
+    for entry in manifest.get("files", []):
+        rel = entry.get("path", "")
+        listed.add(rel)
+        member = root / rel
+        if ".." in Path(rel).parts or not member.is_file():
+            problems.append(f"member {rel} is missing")
+            continue
+        if member.stat().st_size != entry.get("size"):
+            problems.append(f"member {rel} has {member.stat().st_size} bytes, manifest says {entry.get('size')}")
+        elif member.suffix == ".safetensors":
+            problem = _safetensors_problem(member)
+            if problem:
+                problems.append(f"member {rel}: {problem}")
+    for role, spec in (manifest.get("roles") or {}).items():
+        members = spec.get("members", [])
+        report["roles"][role] = {"weights": spec.get("weights", []), "members": members}
+        for rel in members:
+            if rel not in listed:
+                problems.append(f"role {role} member {rel} is not in the manifest")
+    if contract is not None:
+        saved = manifest.get("contract", {})
+        for key, value in contract.items():
+            if key in saved and saved[key] != value:
+                problems.append(f"contract {key}: checkpoint has {saved[key]!r}, expected {value!r}")
+    report["valid"] = not problems
+    return report
+
+
+def list_checkpoints(run_dir: str | os.PathLike[str]) -> list[dict]:
+    """Every checkpoint directory (complete or partial) with {step, path, complete, valid}, by step."""
+    root = Path(run_dir) / "checkpoints"
+    if not root.is_dir():
+        return []
+    rows = []
+    for entry in sorted(root.iterdir()):
+        m = STEP_DIR.match(entry.name) or PARTIAL_DIR.match(entry.name)
+        if not m or not entry.is_dir():
+            continue
+        partial = bool(PARTIAL_DIR.match(entry.name))
+        result = verify(entry) if not partial else {"complete": False, "valid": False}
+        rows.append({"step": int(m.group(1)), "path": str(entry), "complete": result["complete"] and not partial,
+                     "valid": result["valid"] and not partial})
+    return sorted(rows, key=lambda r: (r["step"], r["path"]))
+
+
+def latest_valid(run_dir: str | os.PathLike[str]) -> dict | None:
+    valid = [r for r in list_checkpoints(run_dir) if r["valid"]]
+    return valid[-1] if valid else None
+
+
+def read_manifest(path: str | os.PathLike[str]) -> dict:
+    return json.loads((Path(path) / "manifest.json").read_text())
+
+
+def require_valid(path: str | os.PathLike[str], what: str, contract: dict | None = None) -> dict:
+    """The manifest of a verified checkpoint, or a CheckpointError naming every problem."""
+    report = verify(path, contract)
+    if not report["valid"]:
+        raise CheckpointError(f"{what} {path} is not usable: {'; '.join(report['problems'])}")
+    return read_manifest(path)

@@ -1,0 +1,145 @@
+"""A run directory's bookkeeping files (no torch): what rank 0 writes at launch and at the end,
+and the per-rank event logs and heartbeats.
+
+    resolved-config.json        canonical JSON of the resolved config (first launch)
+    launch-manifest.json        solar.launch.v1 (first launch); later launches: launches/NNNN.json
+    run-result.json             solar.run-result.v1, replaced at the end of every launch
+    events/rank-NNNNN.jsonl     one JSON object per line (steps, checkpoints, validations, errors)
+    heartbeat/rank-NNNNN.json   last phase, last collective entered, step, wall time, pid
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import time
+from pathlib import Path
+
+from solar.config.canonical import canonical_bytes, digest, pretty_bytes
+from solar.errors import SolarError
+from solar.storage.atomic import write_create_only, write_replace
+
+LAUNCH_SCHEMA = "solar.launch.v1"
+RESULT_SCHEMA = "solar.run-result.v1"
+# Keys a resume may change without making it another run.
+RESUME_KEYS = (("checkpoint", "mode"), ("checkpoint", "path"), ("checkpoint", "weights"),
+               ("runtime", "exit_after_step"))
+
+
+def code_revision(repo: Path | None = None) -> dict:
+    repo = repo or Path(__file__).resolve().parents[3]
+    try:
+        rev = subprocess.run(["git", "-C", str(repo), "rev-parse", "HEAD"], capture_output=True, text=True,
+                             timeout=10).stdout.strip() or None
+        dirty = bool(subprocess.run(["git", "-C", str(repo), "status", "--porcelain", "--untracked-files=no"],
+                                    capture_output=True, text=True, timeout=10).stdout.strip()) if rev else None
+    except (OSError, subprocess.SubprocessError):
+        rev, dirty = None, None
+    return {"revision": rev or os.environ.get("SOLAR_CODE_REVISION"), "dirty": dirty}
+
+
+def identity(config: dict) -> dict:
+    """The config without the keys a resume may change."""
+    out = json.loads(canonical_bytes(config))
+    for block, key in RESUME_KEYS:
+        out.get(block, {}).pop(key, None)
+    return out
+
+
+def launch_identity_digest(config: dict) -> str:
+    return digest(identity(config))
+
+
+def launch_manifest(resolved, init: dict) -> dict:
+    cfg = resolved.config_dict
+    return {"schema": LAUNCH_SCHEMA, "action": cfg["action"], "name": cfg["name"], "route": resolved.route.key,
+            "source_config": {"path": resolved.source, "digest": resolved.source_digest},
+            "resolved_config_digest": resolved.resolved_digest, "code": code_revision(),
+            "topology": resolved.topology.as_dict(), "init": init,
+            "launch_identity_digest": launch_identity_digest(cfg)}
+
+
+def prepare(output_dir: Path, resolved, *, resuming: bool) -> None:
+    """Check the directory may be used; raise before anything is written."""
+    if output_dir.exists() and not output_dir.is_dir():
+        raise SolarError(f"runtime.output_dir {output_dir} is a file")
+    existing = output_dir / "launch-manifest.json"
+    if not output_dir.exists() or not any(output_dir.iterdir()):
+        if resuming:
+            raise SolarError(f"checkpoint.mode=full_resume but {output_dir} holds no run to resume")
+        return
+    if not existing.is_file():
+        raise SolarError(f"runtime.output_dir {output_dir} is not empty and holds no Solar run; use a new directory")
+    if not resuming:
+        raise SolarError(f"runtime.output_dir {output_dir} already holds run "
+                         f"{json.loads(existing.read_text()).get('name')!r}; use a new directory, or resume it with "
+                         "--set checkpoint.mode=full_resume --set checkpoint.path=<output_dir>/checkpoints/step_N")
+    recorded = json.loads(existing.read_text()).get("launch_identity_digest")
+    if recorded != launch_identity_digest(resolved.config_dict):
+        raise SolarError(f"{output_dir} holds a run with a different configuration; a full resume must use the "
+                         "same config (only checkpoint.mode/path/weights and runtime.exit_after_step may change)")
+
+
+def write_launch(output_dir: Path, resolved, init: dict) -> None:
+    output_dir.mkdir(parents=True, exist_ok=True)
+    manifest = pretty_bytes(launch_manifest(resolved, init))
+    config = canonical_bytes(resolved.config_dict) + b"\n"
+    if not (output_dir / "launch-manifest.json").exists():
+        write_create_only(output_dir / "resolved-config.json", config, what="resolved-config.json")
+        write_create_only(output_dir / "launch-manifest.json", manifest, what="launch-manifest.json")
+        return
+    launches = output_dir / "launches"
+    launches.mkdir(exist_ok=True)
+    index = len(list(launches.glob("*.json"))) + 1
+    write_create_only(launches / f"{index:04d}-launch-manifest.json", manifest, what="launch record")
+    write_create_only(launches / f"{index:04d}-resolved-config.json", config, what="launch record")
+
+
+def write_result(output_dir: Path, status: str, *, error_type: str | None = None, message: str | None = None,
+                 final: dict | None = None, checkpoints: list | None = None, validations: list | None = None) -> None:
+    doc = {"schema": RESULT_SCHEMA, "status": status, "checkpoints": checkpoints or [],
+           "validations": validations or []}
+    if error_type is not None:
+        doc["error_type"] = error_type
+    if message is not None:
+        doc["message"] = message
+    if final is not None:
+        doc["final"] = final
+    write_replace(output_dir / "run-result.json", pretty_bytes(doc))
+
+
+class EventLog:
+    """Append-only JSON lines, flushed per event (fsync on error and checkpoint events)."""
+
+    def __init__(self, output_dir: Path, rank: int) -> None:
+        folder = output_dir / "events"
+        folder.mkdir(parents=True, exist_ok=True)
+        self.path = folder / f"rank-{rank:05d}.jsonl"
+        self._handle = open(self.path, "a", encoding="utf-8")  # noqa: SIM115 (closed in close())
+
+    def write(self, event: str, durable: bool = False, **fields) -> None:
+        record = {"event": event, "time": time.time(), **fields}
+        self._handle.write(json.dumps(record, sort_keys=True, allow_nan=True) + "\n")
+        self._handle.flush()
+        if durable:
+            os.fsync(self._handle.fileno())
+
+    def close(self) -> None:
+        self._handle.close()
+
+
+class Heartbeat:
+    def __init__(self, output_dir: Path, rank: int) -> None:
+        folder = output_dir / "heartbeat"
+        folder.mkdir(parents=True, exist_ok=True)
+        self.path = folder / f"rank-{rank:05d}.json"
+        self.state = {"rank": rank, "pid": os.getpid(), "phase": "start", "step": 0,
+                      "collective": None, "time": time.time()}
+
+    def update(self, **changes) -> None:
+        self.state.update(changes, time=time.time())
+        write_replace(self.path, json.dumps(self.state, sort_keys=True).encode())
+
+    def collective(self, name: str, seq: int) -> None:
+        self.update(collective={"name": name, "seq": seq})

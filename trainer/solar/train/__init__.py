@@ -1,0 +1,1 @@
+"""The training engine: launch, distributed context, step loop, checkpoints, EMA, run files."""

@@ -1,0 +1,193 @@
+"""What goes into a checkpoint and how it comes back (tensors as safetensors, the rest as JSON).
+
+Layout inside ``step_NNNNNNNN/`` (roles: ``model`` for single-model routes; Stage2 uses
+``student`` and ``critic``)::
+
+    <role>/live.safetensors       weights (LoRA on a released base: the adapter factors only)
+    <role>/ema.safetensors        fp32 EMA of the trainable weights (when it exists)
+    <role>/optimizer.safetensors  AdamW moments per parameter name; <role>/optimizer.json the rest
+    rng/rank-NNNNN.json           every rank's Python and torch RNG states
+    data/rank-NNNNN.json          every rank's data-stream state
+    trainer.json                  step counters, EMA bookkeeping
+
+Loading uses ``safetensors`` and ``json`` only: no pickle anywhere.
+"""
+
+from __future__ import annotations
+
+import json
+import random
+from pathlib import Path
+
+import torch
+from safetensors.torch import load_file
+
+from solar.config.canonical import pretty_bytes
+from solar.safetensors_io import encode
+from solar.storage.checkpoints import CheckpointError
+
+
+def _write(path: Path, data: bytes) -> None:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    with open(path, "xb") as handle:
+        handle.write(data)
+
+
+def _cpu(t: torch.Tensor) -> torch.Tensor:
+    t = t.detach()
+    if hasattr(t, "full_tensor"):  # DTensor (FSDP2): this helper only runs on full tensors
+        t = t.full_tensor()
+    return t.to("cpu").contiguous()
+
+
+def full(tensors: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+    """Full CPU copies; with FSDP2 (DTensors) this is a collective every rank must enter."""
+    return {k: _cpu(v) for k, v in tensors.items()}
+
+
+def snapshot(model: torch.nn.Module, optimizer: torch.optim.Optimizer, names: list[str], *, sharded: bool,
+             adapter_only: bool, ema: dict[str, torch.Tensor] | None) -> dict:
+    """Everything a role saves, as full CPU tensors. Collective when ``sharded``: call on every rank."""
+    if sharded:
+        from torch.distributed.checkpoint.state_dict import (
+            StateDictOptions, get_model_state_dict, get_optimizer_state_dict,
+        )
+
+        options = StateDictOptions(full_state_dict=True, cpu_offload=True)
+        weights = get_model_state_dict(model, options=options)
+        optim = get_optimizer_state_dict(model, optimizer, options=options)
+        # With cpu_offload only rank 0 receives the full state; the others get an empty mapping.
+        per_param = {name: optim.get("state", {}).get(name, {}) for name in names}
+        groups = optim.get("param_groups", [])
+    else:
+        weights = model.state_dict()
+        state = optimizer.state_dict()
+        per_param = {names[i]: entry for i, entry in state["state"].items()}
+        groups = state["param_groups"]
+    if adapter_only:
+        weights = {k: v for k, v in weights.items() if ".lora_" in k}
+    return {"weights": full(weights), "ema": full(ema) if ema else None,
+            "optimizer": ({name: {k: (_cpu(v) if isinstance(v, torch.Tensor) and k != "step" else v)
+                                  for k, v in entry.items()} for name, entry in per_param.items()},
+                          [{k: v for k, v in g.items() if k != "params"} for g in groups])}
+
+
+def save_role(partial: Path, role: str, snap: dict, names: list[str]) -> list[str]:
+    """Write one role's members (rank 0); returns their paths relative to the checkpoint."""
+    members = [f"{role}/live.safetensors"]
+    _write(partial / members[0], encode(snap["weights"]))
+    if snap["ema"]:
+        members.append(f"{role}/ema.safetensors")
+        _write(partial / members[-1], encode(snap["ema"]))
+    per_param, groups = snap["optimizer"]
+    tensors, steps = {}, {}
+    for name, entry in per_param.items():
+        for key, value in entry.items():
+            if key == "step":
+                steps[name] = float(value)
+            elif isinstance(value, torch.Tensor):
+                tensors[f"{name}::{key}"] = value
+    members += [f"{role}/optimizer.safetensors", f"{role}/optimizer.json"]
+    _write(partial / members[-2], encode(tensors))
+    _write(partial / members[-1], pretty_bytes({"param_groups": groups, "steps": steps, "names": names}))
+    return members
+
+
+def shard_like(tensors: dict[str, torch.Tensor], params: dict[str, torch.nn.Parameter]) -> dict[str, torch.Tensor]:
+    """Full tensors laid out like the (possibly FSDP-sharded) parameters of the same names."""
+    out = {}
+    for name, value in tensors.items():
+        p = params.get(name)
+        if p is not None and hasattr(p, "device_mesh"):
+            from torch.distributed.tensor import distribute_tensor
+
+            out[name] = distribute_tensor(value.to(p.device, torch.float32), p.device_mesh, p.placements)
+        else:
+            out[name] = value
+    return out
+
+
+def load_weights(path: Path, role: str, which: str) -> dict[str, torch.Tensor]:
+    """``which`` live or ema: live weights, with the EMA shadow laid over them for ema."""
+    live_path = path / role / "live.safetensors"
+    if not live_path.is_file():
+        raise CheckpointError(f"{path} has no {role} weights ({role}/live.safetensors)")
+    tensors = load_file(live_path)
+    if which == "ema":
+        ema_path = path / role / "ema.safetensors"
+        if not ema_path.is_file():
+            raise CheckpointError(f"{path} has no {role} EMA weights; use weights: live")
+        for name, value in load_file(ema_path).items():
+            tensors[name] = value.to(tensors[name].dtype) if name in tensors else value
+    return tensors
+
+
+def load_optimizer(path: Path, role: str, optimizer: torch.optim.Optimizer, names: list[str],
+                   model: torch.nn.Module | None = None) -> None:
+    """Restore AdamW state; ``model`` given means FSDP2 (full state scattered to the shards)."""
+    meta = json.loads((path / role / "optimizer.json").read_text())
+    if meta["names"] != names:
+        raise CheckpointError(f"{path}: the optimizer was saved for different parameters")
+    tensors = load_file(path / role / "optimizer.safetensors")
+    if model is not None:
+        from torch.distributed.checkpoint.state_dict import StateDictOptions, set_optimizer_state_dict
+
+        full_state = {}
+        for name in names:
+            entry = {k.split("::", 1)[1]: v for k, v in tensors.items() if k.split("::", 1)[0] == name}
+            if name in meta["steps"]:
+                entry["step"] = torch.tensor(meta["steps"][name])
+            if entry:
+                full_state[name] = entry
+        groups = [{**g, "params": names} for g in meta["param_groups"]]
+        for g in groups:
+            if "betas" in g:
+                g["betas"] = tuple(g["betas"])
+        set_optimizer_state_dict(model, optimizer, {"state": full_state, "param_groups": groups},
+                                 options=StateDictOptions(full_state_dict=True))
+        return
+    state = {}
+    for index, name in enumerate(names):
+        entry = {k.split("::", 1)[1]: v for k, v in tensors.items() if k.split("::", 1)[0] == name}
+        if name in meta["steps"]:
+            entry["step"] = torch.tensor(meta["steps"][name])
+        if entry:
+            state[index] = entry
+    groups = optimizer.state_dict()["param_groups"]
+    for group, saved in zip(groups, meta["param_groups"]):
+        group.update({k: v for k, v in saved.items() if k in group and k != "params"})
+        if "betas" in group:
+            group["betas"] = tuple(group["betas"])
+    optimizer.load_state_dict({"state": state, "param_groups": groups})
+
+
+def rng_state() -> dict:
+    py = random.getstate()
+    state = {"python": [py[0], list(py[1]), py[2]], "torch": torch.get_rng_state().tolist()}
+    if torch.cuda.is_available():
+        state["cuda"] = [s.tolist() for s in torch.cuda.get_rng_state_all()]
+    return state
+
+
+def set_rng_state(state: dict) -> None:
+    version, internal, gauss = state["python"]
+    random.setstate((version, tuple(internal), gauss))
+    torch.set_rng_state(torch.tensor(state["torch"], dtype=torch.uint8))
+    if "cuda" in state and torch.cuda.is_available():
+        torch.cuda.set_rng_state_all([torch.tensor(s, dtype=torch.uint8) for s in state["cuda"]])
+
+
+def save_rank_state(partial: Path, rank: int, *, data_state: dict) -> None:
+    _write(partial / "rng" / f"rank-{rank:05d}.json", json.dumps(rng_state()).encode())
+    _write(partial / "data" / f"rank-{rank:05d}.json", json.dumps(data_state).encode())
+
+
+def load_rank_state(path: Path, rank: int) -> dict:
+    try:
+        rng = json.loads((path / "rng" / f"rank-{rank:05d}.json").read_text())
+        data = json.loads((path / "data" / f"rank-{rank:05d}.json").read_text())
+    except FileNotFoundError as exc:
+        raise CheckpointError(f"{path} lacks rank {rank}'s state ({Path(exc.filename).name}); was it saved "
+                              "with another world size?") from None
+    set_rng_state(rng)
+    return data

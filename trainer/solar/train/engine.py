@@ -1,0 +1,264 @@
+"""The training loop (semantics.md §7 step order):
+
+    zero grad -> micro-batches (SP identity check) -> gradient sync + clip -> refuse non-finite
+    -> optimizer -> schedule -> EMA -> event -> save -> stop?
+
+Failures local to a rank are exchanged at fixed points (before a micro-batch's forward, before the
+gradient sync) so every rank ends with the same ordered message instead of hanging.
+"""
+
+from __future__ import annotations
+
+import math
+import signal
+import sys
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import torch
+
+from solar.config.resolve import Resolved
+from solar.storage import checkpoints as ckpt
+from solar.storage.run_dir import EventLog, Heartbeat
+from solar.train import checkpoint_io as io
+from solar.train.batch import collate
+from solar.train.distributed import CollectiveFailure, Dist
+from solar.train.faults import Fault
+from solar.train.fm_step import fm_loss
+from solar.train.schedule import lr_at
+from solar.train.setup import Parts, contract_of
+
+
+@dataclass
+class Stop:
+    requested: bool = False
+    signals: int = 0
+
+    def install(self) -> None:
+        def handler(signum, frame):
+            self.signals += 1
+            if self.signals > 1:  # a second signal: leave now; committed state is already durable
+                sys.stderr.write("solar: second signal, exiting immediately\n")
+                import os
+
+                os._exit(128 + signum)
+            self.requested = True
+            sys.stderr.write(f"solar: {signal.Signals(signum).name} received; finishing the step\n")
+        for sig in (signal.SIGTERM, signal.SIGINT):
+            signal.signal(sig, handler)
+
+
+@dataclass
+class Loop:
+    resolved: Resolved
+    dist: Dist
+    parts: Parts
+    out: Path
+    events: EventLog
+    heartbeat: Heartbeat
+    metrics: object = None
+    fault: Fault | None = None
+    audio_silence: torch.Tensor | None = None
+    stop: Stop = field(default_factory=Stop)
+    checkpoints: list = field(default_factory=list)
+    last: dict = field(default_factory=dict)
+
+    # --- one step ---------------------------------------------------------------------------
+    def micro_batches(self, step: int) -> tuple[torch.Tensor, list[dict]]:
+        cfg, d, p = self.resolved.config, self.dist, self.parts
+        total, records = torch.zeros((), device=d.device), []
+        accum = cfg.train.gradient_accumulation
+        for micro in range(accum):
+            error, batch = None, None
+            try:
+                self.heartbeat.update(phase="data", step=step)
+                batch = collate([p.stream.next_clip() for _ in range(cfg.train.micro_batch_size)]).to(d.device)
+                if self.fault and self.fault.fires("nan_batch", step, d.rank):
+                    batch.latents.fill_(float("nan"))
+                if self.fault and self.fault.fires("raise", step, d.rank):
+                    raise RuntimeError(f"injected fault (SOLAR_INJECT_FAULT) at step {step}")
+                if self.fault and self.fault.fires("exit", step, d.rank):
+                    import os
+
+                    os._exit(17)
+                if self.fault and self.fault.fires("hang", step, d.rank):
+                    time.sleep(10**6)
+            except Exception as exc:  # noqa: BLE001 - reported to every rank below
+                error = f"{type(exc).__name__}: {exc}" if not str(exc).startswith(type(exc).__name__) else str(exc)
+            d.exchange_error(error, "data" if error and "DataError" in error else "error")
+            if d.sp > 1:
+                digests = d.all_gather_object(batch.digest(), "sp-identity", group=d.sp_group)
+                if len(set(digests)) != 1:
+                    raise CollectiveFailure(f"SP peers of dp rank {d.dp_rank} read different micro-batches at step "
+                                            f"{step} (samples {[r['sample_id'] for r in batch.identities]})",
+                                            "sp_mismatch")
+            self.heartbeat.update(phase="forward", step=step)
+            loss, recs = fm_loss(p.model, cfg, batch, step=step, dp_rank=d.dp_rank, micro=micro,
+                                 audio_silence=self.audio_silence)
+            self.heartbeat.update(phase="backward", step=step)
+            (loss / accum).backward()
+            total = total + loss.detach() / accum
+            records += recs
+        return total, records
+
+    def sync_and_clip(self, step: int) -> float:
+        d, p = self.dist, self.parts
+        grads = [q.grad if q.grad is not None else torch.zeros_like(q) for q in p.params.values()]
+        if p.sharded:
+            # FSDP2 already averaged over every rank; SP peers' partial gradients must add.
+            for q, g in zip(p.params.values(), grads):
+                q.grad = g * d.sp if d.sp > 1 else g
+        elif d.world > 1:
+            flat = torch.cat([g.reshape(-1).float() for g in grads])
+            d.all_reduce(flat, "grad-sync")
+            flat /= d.dp_world  # SP peers' partial gradients add up; logical DP ranks average
+            offset = 0
+            for q, g in zip(p.params.values(), grads):
+                n = g.numel()
+                q.grad = flat[offset:offset + n].view_as(q).to(q.dtype)
+                offset += n
+        else:
+            for q, g in zip(p.params.values(), grads):
+                q.grad = g
+        clip = self.resolved.config.train.optimizer.grad_clip
+        norm = torch.nn.utils.clip_grad_norm_(list(p.params.values()), clip if clip else float("inf"))
+        if hasattr(norm, "full_tensor"):
+            norm = norm.full_tensor()
+        return float(norm)
+
+    def step(self, step: int) -> dict:
+        cfg, d, p = self.resolved.config, self.dist, self.parts
+        started = time.perf_counter()
+        lr = lr_at(step, cfg.train.optimizer, cfg.train.max_steps)
+        for group in p.optimizer.param_groups:
+            group["lr"] = lr
+        p.optimizer.zero_grad(set_to_none=True)
+        loss, records = self.micro_batches(step)
+        local = float(loss)
+        bad = None
+        if not math.isfinite(local):
+            worst = next((r for r in records if not math.isfinite(r["loss"])), records[0])
+            bad = (f"non-finite loss {local} at step {step} (sample {worst['sample_id']!r}, start frame "
+                   f"{worst['start_frame']}, timestep {worst['timestep']:.4g})")
+        d.exchange_error(bad, "non_finite")
+        self.heartbeat.update(phase="grad-sync", step=step)
+        norm = self.sync_and_clip(step)
+        if not math.isfinite(norm):
+            raise CollectiveFailure(f"non-finite gradient norm {norm} at step {step}; the step was refused",
+                                    "non_finite")
+        p.optimizer.step()
+        p.ema.update(step)
+        seconds = time.perf_counter() - started
+        total = torch.tensor([local], device=d.device if d.backend == "nccl" else "cpu")
+        d.all_reduce(total, "loss-mean")
+        mean = float(total) / d.world
+        event = {"step": step, "loss": local, "loss_mean": mean, "losses": {"fm": local}, "grad_norm": norm,
+                 "lr": lr, "step_seconds": seconds, "samples": records, "ema": p.ema.exists}
+        self.events.write("step", **event)
+        self.last = {"step": step, "loss": mean, "grad_norm": norm, "step_seconds": seconds}
+        if self.metrics is not None:
+            m = self.metrics
+            m.step.set(step)
+            m.loss.labels(term="fm").set(mean)
+            m.grad_norm.set(norm)
+            m.step_seconds.observe(seconds)
+            m.samples.inc(len(records) * d.dp_world)
+            m.tokens.inc(self.tokens_per_sample * len(records) * d.dp_world)
+            if torch.cuda.is_available():
+                m.gpu_memory.labels(kind="allocated").set(torch.cuda.memory_allocated())
+                m.gpu_memory.labels(kind="peak").set(torch.cuda.max_memory_allocated())
+        return event
+
+    @property
+    def tokens_per_sample(self) -> int:
+        """Latent tokens of one clip (frames x patches) for the tokens counter."""
+        from solar.config.contracts import effective_dims, latent_frames
+
+        cfg = self.resolved.config
+        dims = effective_dims(cfg)
+        from solar.config import families
+
+        s = families.spec(cfg.model.family).vae.spatial
+        return latent_frames(cfg) * (cfg.data.height // s // dims.patch_size[1]) * (cfg.data.width // s // dims.patch_size[2])
+
+    # --- saving -----------------------------------------------------------------------------
+    def save(self, step: int) -> Path:
+        d, p = self.dist, self.parts
+        started = time.perf_counter()
+        self.heartbeat.update(phase="checkpoint", step=step)
+        partial = Path(self.out) / "checkpoints" / "pending"
+        if d.rank == 0:
+            partial = ckpt.begin(self.out, step)
+        partial = Path(d.all_gather_object(str(partial), "checkpoint-begin")[0])
+        members = []
+        shadow, _ = p.ema.state()
+        snap = io.snapshot(p.model, p.optimizer, p.names, sharded=p.sharded, adapter_only=p.adapter_only,
+                           ema=shadow)  # a collective with FSDP2: every rank takes part
+        if d.rank == 0:
+            members = io.save_role(partial, "model", snap, p.names)
+            import json
+
+            with open(partial / "trainer.json", "xb") as handle:
+                handle.write(json.dumps({"step": step, "ema": p.ema.state()[1]}).encode())
+        io.save_rank_state(partial, d.rank, data_state=p.stream.state_dict())
+        d.barrier("checkpoint-written")
+        final = None
+        if d.rank == 0:
+            weights = ["live", "ema"] if p.ema.exists else ["live"]
+            final = ckpt.commit(partial, step=step, contract=contract_of(self.resolved),
+                                roles={"model": {"weights": weights, "members": members}},
+                                trainer_state={"step": step, "adapter_only": p.adapter_only,
+                                               "base": self.resolved.config.model.pretrained_path,
+                                               "ema_exists": p.ema.exists})
+        final = Path(d.all_gather_object(str(final), "checkpoint-commit")[0])
+        seconds = time.perf_counter() - started
+        self.events.write("checkpoint", durable=True, step=step, path=str(final), seconds=seconds)
+        self.checkpoints.append({"step": step, "path": str(final)})
+        if self.metrics is not None:
+            self.metrics.save_seconds.observe(seconds)
+            self.metrics.last_checkpoint.set(step)
+        return final
+
+    def due(self, step: int) -> bool:
+        run = self.resolved.config.runtime
+        return (run.save_every and step % run.save_every == 0) or step in run.save_steps \
+            or step == self.resolved.config.train.max_steps
+
+    # --- the loop ---------------------------------------------------------------------------
+    def run(self) -> str:
+        cfg, d = self.resolved.config, self.dist
+        max_steps, exit_after = cfg.train.max_steps, cfg.runtime.exit_after_step
+        self.stop.install()
+        progress = Progress(d.rank == 0, max_steps, self.parts.start_step, cfg.runtime.log_every)
+        for step in range(self.parts.start_step + 1, max_steps + 1):
+            event = self.step(step)
+            progress.show(event)
+            saved = False
+            if self.due(step) or step == exit_after:
+                self.save(step)
+                saved = True
+            if step == exit_after and step < max_steps:
+                return "stopped"
+            if d.any_flag(self.stop.requested, "stop-check"):
+                if cfg.runtime.checkpoint_on_stop and not saved:
+                    self.save(step)
+                return "stopped"
+        return "complete"
+
+
+class Progress:
+    def __init__(self, enabled: bool, total: int, start: int, every: int) -> None:
+        self.enabled, self.total, self.start, self.every = enabled, total, start, every
+        self.began = time.perf_counter()
+
+    def show(self, event: dict) -> None:
+        step = event["step"]
+        if not self.enabled or (step % self.every and step != self.total):
+            return
+        done = step - self.start
+        rate = (time.perf_counter() - self.began) / max(done, 1)
+        eta = rate * (self.total - step)
+        sys.stderr.write(f"solar: step {step}/{self.total} loss {event['loss_mean']:.4f} grad {event['grad_norm']:.3g} "
+                         f"lr {event['lr']:.3g} {event['step_seconds']:.2f}s/step eta {eta:.0f}s\n")
+        sys.stderr.flush()

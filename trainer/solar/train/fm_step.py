@@ -1,0 +1,87 @@
+"""The Stage0.5 flow-matching loss of each family on one micro-batch (semantics.md §4).
+
+Noise and timesteps come from a generator derived from (seed, step, dp rank, micro-batch), so SP
+peers draw the same values and a resumed run draws what the uninterrupted one would have; the
+image-condition drop is a hash (no RNG). Returns the mean weighted loss and per-sample records.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from solar.config.schema import RunConfig
+from solar.objectives import fm
+from solar.train.batch import Batch
+
+
+def _frames_time(value_B: torch.Tensor, frames: int) -> torch.Tensor:
+    return value_B[:, None].expand(-1, frames).clone()
+
+
+def fm_loss(model, cfg: RunConfig, batch: Batch, *, step: int, dp_rank: int, micro: int,
+            audio_silence: torch.Tensor | None = None) -> tuple[torch.Tensor, list[dict]]:
+    family = cfg.model.family
+    x0 = batch.latents
+    B, _, frames, _, _ = x0.shape
+    device = x0.device
+    gen = fm.step_generator(cfg.train.seed, step, dp_rank, micro)
+    settings = cfg.train.fm
+    drops = [fm.drop_decision(cfg.train.seed, step, dp_rank, micro * B + i, settings.image_condition_dropout or 0.0)
+             for i in range(B)]
+    mask = torch.ones(B, frames, device=device)
+    records = []
+    if family == "minimax_h3":
+        t = fm.sample_h3_times(B, cfg.model.timestep_shift, gen)
+        eps = torch.randn(x0.shape, generator=gen).to(device)
+        anchor_eps = torch.randn(x0[:, :, :1].shape, generator=gen).to(device)
+        t_audio = fm.sample_h3_times(B, cfg.model.audio_timestep_shift, gen)
+        k = settings.keyframe_anchor_t
+        anchor = k * x0[:, :, :1] + (1 - k) * anchor_eps
+        x_t = fm.noisy_h3(x0, eps, t.to(device))
+        audio = None
+        if audio_silence is not None:
+            silence = audio_silence.to(device).expand(B, *audio_silence.shape)
+            audio_eps = torch.randn(silence.shape, generator=gen).to(device)
+            audio = fm.noisy_h3(silence, audio_eps, t_audio.to(device))
+        pred = model(x_t, t.to(device), batch.prompt, anchor=anchor, audio=audio, audio_timestep=t_audio.to(device),
+                     cameras=batch.cameras)
+        losses = fm.masked_mse(pred, x0 - eps, mask)
+        shown = t
+    else:
+        if family == "ltx25_video":
+            d = settings
+            sigma = fm.sample_ltx_sigmas(B, frames * x0.shape[3] * x0.shape[4], gen, std=d.logit_normal_std,
+                                         eps=d.logit_normal_eps, uniform_probability=d.uniform_probability)
+            weight = torch.ones(B)
+        else:
+            sigma, weight = fm.sample_wan_sigmas(B, cfg.model.timestep_shift, gen)
+            if settings.weighting != "gaussian":
+                weight = torch.ones(B)
+        eps = torch.randn(x0.shape, generator=gen).to(device)
+        x = fm.noisy_sigma(x0, eps, sigma.to(device))
+        t_frames = _frames_time(sigma.to(device) * fm.NUM_TRAIN_TIMESTEPS, frames)
+        condition = None
+        if family == "wan22_i2v_a14b":
+            condition = batch.image_condition.clone()
+            for i, dropped in enumerate(drops):
+                if dropped:
+                    condition[i].zero_()
+            pred = model(x, t_frames[:, 0], batch.prompt, cameras=batch.cameras, condition=condition)
+        else:
+            # The first latent is the clean image condition (t = 0, outside the loss) unless dropped.
+            for i, dropped in enumerate(drops):
+                if not dropped:
+                    x[i, :, 0] = x0[i, :, 0]
+                    t_frames[i, 0] = 0.0
+                    mask[i, 0] = 0.0
+            if family == "ltx25_video":
+                pred = model(x, t_frames, batch.prompt, prompt_mask=batch.prompt_mask, cameras=batch.cameras,
+                             fps=cfg.data.fps or 24.0)
+            else:
+                pred = model(x, t_frames, batch.prompt, cameras=batch.cameras)
+        losses = fm.masked_mse(pred, eps - x0, mask) * weight.to(device)
+        shown = sigma * fm.NUM_TRAIN_TIMESTEPS
+    for i, ident in enumerate(batch.identities):
+        records.append({**ident, "timestep": float(shown[i]), "image_condition_dropped": drops[i],
+                        "loss": float(losses[i].detach())})
+    return losses.mean(), records

@@ -1,0 +1,54 @@
+"""Parallelism applied to a plain model from outside, in a fixed order (style.md §3):
+SP wrapper (the model's ``set_sequence_parallel``) -> activation checkpointing -> FSDP2 per block,
+then the root. Model files contain none of this.
+
+FSDP2 (``fully_shard``) shards over every rank (``full_shard``) or within nodes with replication
+across them (``hybrid_shard``); on CUDA parameters compute in bfloat16 and gradients reduce in
+float32 while the sharded fp32 parameters are the master weights. FSDP averages gradients over
+all ranks; SP peers' partial gradients must add, so the trainer multiplies by the SP degree.
+"""
+
+from __future__ import annotations
+
+import torch
+from torch.utils.checkpoint import checkpoint
+
+
+def blocks_of(model: torch.nn.Module) -> torch.nn.ModuleList:
+    for name in ("blocks", "transformer_blocks"):
+        if hasattr(model, name):
+            return getattr(model, name)
+    raise ValueError(f"{type(model).__name__} has no block list")
+
+
+def apply_activation_checkpointing(model: torch.nn.Module) -> int:
+    """Recompute each block in backward (non-reentrant); parameter names are unchanged."""
+    blocks = blocks_of(model)
+    for block in blocks:
+        inner = block.forward
+
+        def forward(*args, _inner=inner, **kwargs):
+            if not torch.is_grad_enabled():
+                return _inner(*args, **kwargs)
+            return checkpoint(_inner, *args, use_reentrant=False, **kwargs)
+
+        block.forward = forward
+    return len(blocks)
+
+
+def apply_fsdp(model: torch.nn.Module, *, world: int, local_world: int, strategy: str, device: torch.device,
+               bf16: bool):
+    from torch.distributed.device_mesh import init_device_mesh
+    from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
+
+    kind = "cuda" if device.type == "cuda" else "cpu"
+    if strategy == "hybrid_shard" and local_world < world and world % local_world == 0:
+        mesh = init_device_mesh(kind, (world // local_world, local_world), mesh_dim_names=("replicate", "shard"))
+    else:
+        mesh = init_device_mesh(kind, (world,), mesh_dim_names=("shard",))
+    policy = MixedPrecisionPolicy(param_dtype=torch.bfloat16, reduce_dtype=torch.float32) if bf16 else \
+        MixedPrecisionPolicy()
+    for block in blocks_of(model):
+        fully_shard(block, mesh=mesh, mp_policy=policy)
+    fully_shard(model, mesh=mesh, mp_policy=policy)
+    return mesh

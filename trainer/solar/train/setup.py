@@ -1,0 +1,142 @@
+"""Building a training run from a resolved config: model (with its initialisation mode), optimizer,
+EMA and data stream. Initialisation modes are distinct and checked (semantics.md §5):
+
+- ``none``: released base weights from ``model.pretrained_path`` (a Solar directory from
+  ``solar model convert`` or a diffusers folder), or a seeded random init when it is null;
+- ``weights_only``: live or EMA weights of a verified checkpoint of a compatible route; a new
+  optimisation run (fresh optimizer, step 0);
+- ``full_resume``: everything (weights, EMA, optimizer, step, every rank's RNG and data stream)
+  from a verified checkpoint of this very run.
+"""
+
+from __future__ import annotations
+
+import random
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+
+from solar.config.contracts import checkpoint_contract, source_problem
+from solar.config.resolve import Resolved
+from solar.data.from_config import train_stream
+from solar.models.lora import LoRALinear
+from solar.models.registry import model_from_config
+from solar.models.weights import WeightsError, iter_solar_tensors, load_into, read_solar_manifest
+from solar.storage.checkpoints import CheckpointError, read_manifest, require_valid
+from solar.train import checkpoint_io as io
+from solar.train.ema import EMA
+
+
+@dataclass
+class Parts:
+    model: torch.nn.Module
+    names: list[str]                       # trainable parameter names, optimizer order
+    params: dict[str, torch.nn.Parameter]
+    optimizer: torch.optim.Optimizer
+    ema: EMA
+    stream: object
+    start_step: int
+    init: dict
+    adapter_only: bool
+    sharded: bool = False
+
+
+def _is_lora(model) -> bool:
+    return any(isinstance(m, LoRALinear) for m in model.modules())
+
+
+def _load_base(model, family: str, path: str) -> None:
+    """Released base weights into a (possibly LoRA-wrapped) model: adapter factors stay as built."""
+    root = Path(path)
+    if (root / "solar-model.json").is_file():
+        read_solar_manifest(root)
+        tensors = dict(iter_solar_tensors(root))
+    else:
+        from solar.models.convert import plan
+
+        _, source, mapping, _ = plan(family, "diffusers", root)
+        tensors = {target: source.get(origin) for target, origin in mapping.items()}
+    lora = {k: v for k, v in model.state_dict().items() if ".lora_" in k}
+    load_into(model, {**tensors, **lora}, init_delta_from_time=True, where=f"model.pretrained_path {path}")
+
+
+def build_parts(resolved: Resolved, rank: int, device: torch.device, *, world: int = 1, local_world: int = 1,
+                sp=None) -> Parts:
+    cfg, route = resolved.config, resolved.route
+    ck = cfg.checkpoint
+    contract = checkpoint_contract(cfg, route)
+    source_manifest = None
+    if ck.mode in ("weights_only", "full_resume"):
+        source_manifest = require_valid(ck.path, "checkpoint.path")
+        problem = source_problem(route, source_manifest.get("contract", {}), cfg, resume=ck.mode == "full_resume")
+        if problem:
+            raise CheckpointError(f"checkpoint.path {ck.path} cannot initialise this run: {problem}")
+    torch.manual_seed(cfg.train.seed)  # the same random init on every rank
+    random.seed(cfg.train.seed * 1_000_003 + rank)  # Python's RNG would otherwise start from OS entropy
+    model = model_from_config(cfg, device="cpu")
+    if cfg.model.pretrained_path and (ck.mode == "none" or _is_lora(model)):
+        _load_base(model, cfg.model.family, cfg.model.pretrained_path)
+    if ck.mode in ("weights_only", "full_resume"):
+        which = "live" if ck.mode == "full_resume" else ck.weights
+        tensors = io.load_weights(Path(ck.path), "model", which)
+        if source_manifest.get("trainer_state", {}).get("adapter_only"):
+            tensors = {**{k: v for k, v in model.state_dict().items() if ".lora_" not in k}, **tensors}
+        try:
+            load_into(model, tensors, init_delta_from_time=True, where=f"checkpoint.path {ck.path}")
+        except WeightsError as exc:
+            raise CheckpointError(str(exc)) from None
+    model.to(device)
+    # Parallelism from outside, in a fixed order: SP -> activation checkpointing -> FSDP2.
+    if sp is not None and sp.size > 1:
+        model.set_sequence_parallel(sp)
+    from solar.train import parallelize
+
+    if cfg.distributed.activation_checkpointing:
+        parallelize.apply_activation_checkpointing(model)
+    sharded = cfg.distributed.sharding != "none" and world > 1
+    if sharded:
+        bf16 = device.type == "cuda" and cfg.model.dtype != "float32"
+        parallelize.apply_fsdp(model, world=world, local_world=local_world, strategy=cfg.distributed.sharding,
+                               device=device, bf16=bf16)
+    params = {n: p for n, p in model.named_parameters() if p.requires_grad}
+    names = list(params)
+    opt = cfg.train.optimizer
+    optimizer = torch.optim.AdamW(list(params.values()), lr=opt.lr, betas=tuple(opt.betas), eps=opt.eps,
+                                  weight_decay=opt.weight_decay)
+    e = cfg.train.ema
+    ema = EMA(params, decay=e.decay, start_step=e.start_step, warmup_steps=e.warmup_steps, enabled=e.enabled)
+    start_step, data_state = 0, None
+    init = {"mode": ck.mode, "sources": []}
+    if ck.mode == "none":
+        init["sources"] = [{"role": "model", "path": cfg.model.pretrained_path, "weights": "released"}] \
+            if cfg.model.pretrained_path else []
+    else:
+        init["sources"] = [{"role": "model", "path": ck.path, "weights": ck.weights or "live+ema",
+                            "step": source_manifest["step"]}]
+    if ck.mode == "full_resume":
+        path = Path(ck.path)
+        io.load_optimizer(path, "model", optimizer, names, model=model if sharded else None)
+        import json
+
+        trainer = json.loads((path / "trainer.json").read_text())
+        if trainer["ema"].get("exists"):
+            from safetensors.torch import load_file
+
+            ema.load(io.shard_like(load_file(path / "model" / "ema.safetensors"), params), trainer["ema"])
+        start_step = trainer["step"]
+        data_state = io.load_rank_state(path, rank)
+    if start_step >= cfg.train.max_steps:
+        raise CheckpointError(f"checkpoint.path {ck.path} is at step {start_step}; train.max_steps="
+                              f"{cfg.train.max_steps} leaves nothing to do")
+    stream = train_stream(cfg, rank, data_state)
+    adapter_only = _is_lora(model) and bool(cfg.model.pretrained_path)
+    return Parts(model, names, params, optimizer, ema, stream, start_step, init, adapter_only, sharded)
+
+
+def contract_of(resolved: Resolved) -> dict:
+    return checkpoint_contract(resolved.config, resolved.route)
+
+
+def source_step(path: str) -> int:
+    return read_manifest(path)["step"]
