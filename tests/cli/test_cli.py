@@ -118,6 +118,7 @@ def test_cli_verbs_and_flags_are_frozen_to_the_contract():
         "data synth": {"--family", "--out", "--samples", "--seed", "--profile"},
         "model info": {"--family", "--profile"},
         "train": {"--config", "--set"},
+        "infer": {"--config", "--set"},
         "checkpoint verify": {"--route-config"},
         "checkpoint list": set(),
         "model convert": {"--family", "--from", "--out"},

@@ -109,6 +109,12 @@ def cmd_train(args: argparse.Namespace) -> int:
     return train(args.config, args.set)
 
 
+def cmd_infer(args: argparse.Namespace) -> int:
+    from solar.infer.launch import infer
+
+    return infer(args.config, args.set)
+
+
 def cmd_checkpoint_verify(args: argparse.Namespace) -> int:
     from solar.storage.checkpoints import verify
 
@@ -213,6 +219,11 @@ def build_parser() -> argparse.ArgumentParser:
     train_p.add_argument("--config", required=True, metavar="PATH")
     train_p.add_argument("--set", action="append", default=[], metavar="KEY=VALUE")
     train_p.set_defaults(func=cmd_train)
+
+    infer_p = verbs.add_parser("infer", help="standalone generation through the validation path")
+    infer_p.add_argument("--config", required=True, metavar="PATH")
+    infer_p.add_argument("--set", action="append", default=[], metavar="KEY=VALUE")
+    infer_p.set_defaults(func=cmd_infer)
 
     ck = verbs.add_parser("checkpoint", help="verify and list checkpoints")
     ck_verbs = ck.add_subparsers(dest="checkpoint_verb", metavar="ACTION", parser_class=_Parser)

@@ -91,7 +91,7 @@ def _sample(family="wan22_ti2v_5b", frames=81, **changes):
     t = layout.latent_frames(frames)
     sample = Sample(torch.zeros(layout.latent_channels, t, layout.latent_height, layout.latent_width),
                     torch.zeros(8, layout.text_dim), torch.eye(4).repeat(frames, 1, 1),
-                    {"schema": "solar.sample.v1", "family": family, "sample_id": "x", "key": "x",
+                    {"schema": "solar.latent-sample.v1", "family": family, "sample_id": "x", "key": "x",
                      "num_frames": str(frames), "fps": "16.0", "height": "64", "width": "96", "caption": ""})
     for name, value in changes.items():
         setattr(sample, name, value)

@@ -8,7 +8,7 @@ import random
 import pytest
 
 from solar.data.index import load_table
-from solar.data.selection import freeze, owner, plan_document, select, stable_int
+from solar.data.selection import freeze, load_frozen, owner, plan_document, select, stable_int
 from solar.errors import DataError
 from tests.unit.data.helpers import rows, write_index
 
@@ -71,3 +71,19 @@ def test_frozen_plan_is_created_once_and_enforced(table, tmp_path):
     with pytest.raises(DataError, match="sample_count: frozen 4, now 5"):
         freeze(path, doc(sample_count=5))
     assert json.loads(path.read_text()) == first
+
+
+def test_load_frozen_returns_the_frozen_slots_or_names_the_changed_setting(table, tmp_path):
+    args = {"sample_count": 4, "selection_seed": 42, "noise_seed": 42, "pixel_frames": 81}
+    slots = select(table, **args)
+    document = plan_document(table, slots, test_index="test-index.jsonl.gz", **args)
+    header = {k: v for k, v in document.items() if k != "slots"}
+    path = tmp_path / "frozen-plan.json"
+    assert load_frozen(path, header) is None
+    freeze(path, document)
+    assert load_frozen(path, header) == slots
+    with pytest.raises(DataError, match=r"no longer matches the frozen validation plan \(pixel_frames: frozen 81, "
+                                        r"now 121\)"):
+        load_frozen(path, {**header, "pixel_frames": 121})
+    with pytest.raises(DataError, match="test_index_sample_id_digest: frozen"):
+        load_frozen(path, {**header, "test_index_sample_id_digest": "0" * 64})

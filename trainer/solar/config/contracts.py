@@ -465,7 +465,7 @@ def checkpoint_contract(cfg: RunConfig, route: Route) -> dict:
             "camera_translation_transform": cfg.model.camera_translation_transform,
             "parameterization": families.spec(route.family).parameterization,
             "sequence_parallel_size": cfg.distributed.sequence_parallel_size,
-            "data_generation": "solar.sample.v1"}
+            "data_generation": "solar.latent-sample.v1"}
 
 
 # Which source stage/objective each target may initialise from (semantics.md §1, §5).

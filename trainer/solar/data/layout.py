@@ -1,4 +1,4 @@
-"""The pre-encoded sample format (``solar.sample.v1``) and each family's tensor layout.
+"""The pre-encoded sample format (``solar.latent-sample.v1``) and each family's tensor layout.
 
 A sample is one safetensors blob: tensors plus string metadata (safetensors ``__metadata__``).
 It lives either as a member ``<key>.safetensors`` (or the row's ``member``) of an uncompressed tar
@@ -13,7 +13,7 @@ D prompt width)::
     c2w              [F, 4, 4]      float32 | float64   absolute camera-to-world, stored convention
     image_condition  [20, T, h, w]  Wan I2V-A14B only: 4 mask + 16 image-latent channels
 
-Metadata: ``schema`` (solar.sample.v1), ``family``, ``sample_id``, ``key``, ``num_frames`` (F),
+Metadata: ``schema`` (solar.latent-sample.v1), ``family``, ``sample_id``, ``key``, ``num_frames`` (F),
 ``fps``, ``height``, ``width``, ``caption``. Dataset-level tensors live beside the shards:
 ``conditioning/negative-prompt.safetensors`` (``prompt_embeds``) and, for MiniMax-H3,
 ``support/audio-silence.safetensors`` (``audio_latents`` [2, T_a, 32]: the encoded silence of the
@@ -26,7 +26,7 @@ from dataclasses import dataclass
 
 from solar.config import families
 
-SAMPLE_SCHEMA = "solar.sample.v1"
+SAMPLE_SCHEMA = "solar.latent-sample.v1"
 FLOAT_DTYPES = ("float32", "bfloat16", "float16")
 CAMERA_DTYPES = ("float32", "float64")
 METADATA_KEYS = ("schema", "family", "sample_id", "key", "num_frames", "fps", "height", "width",

@@ -126,6 +126,24 @@ def freeze(path: str | Path, document: dict) -> dict:
     return frozen
 
 
+def load_frozen(path: str | Path, header: dict) -> list[Slot] | None:
+    """The slots of an existing frozen plan whose settings equal ``header`` (a plan document
+    without ``slots``); None when there is no plan yet. A plan frozen under other settings (or over
+    a rewritten test index) is refused, naming the first difference."""
+    path = Path(path)
+    if not path.is_file():
+        return None
+    frozen = json.loads(path.read_text())
+    if frozen.get("schema") != PLAN_SCHEMA:
+        raise DataError(f"{path}: schema {frozen.get('schema')!r}, expected {PLAN_SCHEMA}")
+    settings = {k: v for k, v in frozen.items() if k != "slots"}
+    if settings != header:
+        raise DataError(f"{path}: the config no longer matches the frozen validation plan "
+                        f"({_first_difference(settings, header)}); keep the test index, seeds, sample count "
+                        "and frame profile fixed, or validate into a new run directory")
+    return [Slot(**{"replaced": None, **entry}) for entry in frozen["slots"]]
+
+
 def _first_difference(a: dict, b: dict) -> str:
     for key in sorted(set(a) | set(b)):
         if key == "slots":

@@ -19,6 +19,7 @@ from pathlib import Path
 import torch
 
 from solar.config.resolve import Resolved
+from solar.errors import SolarError
 from solar.storage import checkpoints as ckpt
 from solar.storage.run_dir import EventLog, Heartbeat
 from solar.train import checkpoint_io as io
@@ -62,7 +63,9 @@ class Loop:
     audio_silence: torch.Tensor | None = None
     stop: Stop = field(default_factory=Stop)
     checkpoints: list = field(default_factory=list)
+    validations: list = field(default_factory=list)
     last: dict = field(default_factory=dict)
+    generation: object = None
 
     # --- one step ---------------------------------------------------------------------------
     def micro_batches(self, step: int) -> tuple[torch.Tensor, list[dict]]:
@@ -225,19 +228,92 @@ class Loop:
         return (run.save_every and step % run.save_every == 0) or step in run.save_steps \
             or step == self.resolved.config.train.max_steps
 
+    # --- validation -------------------------------------------------------------------------
+    def validation_due(self, step: int) -> bool:
+        cfg = self.resolved.config
+        run = cfg.runtime
+        return bool(cfg.validation.passes) and (
+            (run.validate_every and step % run.validate_every == 0) or step in run.validation_steps)
+
+    def validation_scheduled(self) -> bool:
+        run = self.resolved.config.runtime
+        return bool(self.resolved.config.validation.passes) and bool(run.validate_every or run.validation_steps)
+
+    def prepare_validation(self) -> None:
+        """The frozen plan, test reader and codec, once per launch (before the first step, so a
+        missing test index or a changed plan stops the run before it trains)."""
+        from solar.infer import passes as P
+        from solar.infer import setup as S
+
+        if self.generation is not None:
+            return
+        cfg, d, p = self.resolved.config, self.dist, self.parts
+        problem = None
+        try:
+            source = S.test_source(cfg)
+            slots = S.frozen_slots(cfg, source, Path(self.out) / "validation" / "frozen-plan.json",
+                                   writer=d.rank == 0)
+            self.generation = P.Generation(cfg, d, p.model, S.codec_for(cfg), source, slots,
+                                           S.negative_prompt(cfg), self.audio_silence, sharded=p.sharded,
+                                           log=lambda m: sys.stderr.write(m + "\n") if d.rank == 0 else None,
+                                           fault=self.fault)
+        except SolarError as exc:
+            problem = str(exc)
+        d.exchange_error(problem, "validation_setup")
+
+    def validate(self, step: int) -> None:
+        import contextlib
+
+        from solar.infer import passes as P
+
+        cfg, d, p = self.resolved.config, self.dist, self.parts
+        root = Path(self.out) / "validation" / f"step_{step:08d}"
+        if (root / "COMPLETE.json").exists():
+            return
+        self.heartbeat.update(phase="validation", step=step)
+        started = time.perf_counter()
+        self.prepare_validation()
+        if d.rank == 0:
+            P.clean_partials(root)
+        d.barrier("validation-start")
+
+        def weights_for(pass_):
+            if pass_.weights == "ema":
+                return (p.ema.swapped(), "ema") if p.ema.exists else None
+            return contextlib.nullcontext(), "live"
+
+        p.model.eval()
+        try:
+            summary = self.generation.run(root, cfg.validation.passes, weights_for, step)
+        finally:
+            p.model.train()
+        summary["seconds"] = time.perf_counter() - started
+        self.validations.append(summary)
+        self.events.write("validation", durable=True, **summary)
+        if d.rank == 0:
+            sys.stderr.write(f"solar: validation step {step} {summary['status']}: {summary['ok_slots']}/"
+                             f"{summary['slots']} slots ok ({summary['seconds']:.1f}s)\n")
+
     # --- the loop ---------------------------------------------------------------------------
     def run(self) -> str:
         cfg, d = self.resolved.config, self.dist
         max_steps, exit_after = cfg.train.max_steps, cfg.runtime.exit_after_step
         self.stop.install()
         progress = Progress(d.rank == 0, max_steps, self.parts.start_step, cfg.runtime.log_every)
-        for step in range(self.parts.start_step + 1, max_steps + 1):
+        start = self.parts.start_step
+        if self.validation_scheduled():
+            self.prepare_validation()
+        if start and self.validation_due(start):  # a resumed run finishes the validation it was killed in
+            self.validate(start)
+        for step in range(start + 1, max_steps + 1):
             event = self.step(step)
             progress.show(event)
             saved = False
             if self.due(step) or step == exit_after:
                 self.save(step)
                 saved = True
+            if self.validation_due(step):
+                self.validate(step)
             if step == exit_after and step < max_steps:
                 return "stopped"
             if d.any_flag(self.stop.requested, "stop-check"):

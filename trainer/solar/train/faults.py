@@ -1,12 +1,15 @@
 """Opt-in fault injection for drills and tests. Honoured only when ``SOLAR_INJECT_FAULT`` is set,
-e.g. ``SOLAR_INJECT_FAULT=nan_batch:step=3:rank=1`` or ``raise:step=2:rank=0``. Never on by default."""
+e.g. ``SOLAR_INJECT_FAULT=nan_batch:step=3:rank=1`` or ``raise:step=2:rank=0``. Never on by default.
+
+``kill_validation:step=N`` SIGKILLs the process right after it writes its first validation slot of
+step N (a crash in the middle of validation)."""
 
 from __future__ import annotations
 
 import os
 from dataclasses import dataclass
 
-KINDS = ("nan_batch", "raise", "hang", "exit")
+KINDS = ("nan_batch", "raise", "hang", "exit", "kill_validation")
 
 
 @dataclass(frozen=True)

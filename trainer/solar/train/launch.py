@@ -64,6 +64,11 @@ def train(config: str, sets: Sequence[str]) -> int:
     if d.rank == 0:
         try:
             run_dir.prepare(out, resolved, resuming=resuming)
+            run = cfg.runtime
+            if cfg.validation.passes and (run.validate_every or run.validation_steps):
+                from solar.infer.setup import check_test_set
+
+                check_test_set(cfg, out / "validation" / "frozen-plan.json")
         except SolarError as exc:
             verdict = str(exc)
     verdict = d.all_gather_object(verdict, "prepare")[0]
@@ -96,6 +101,7 @@ def train(config: str, sets: Sequence[str]) -> int:
     finally:
         final = loop.last if loop and loop.last else None
         checkpoints = loop.checkpoints if loop else []
+        validations = loop.validations if loop else []
         if error is not None:
             message = str(error) if isinstance(error, SolarError) else f"{type(error).__name__}: {error}"
             if events is not None:
@@ -104,14 +110,14 @@ def train(config: str, sets: Sequence[str]) -> int:
                 heartbeat.update(phase="failed")
             if d.rank == 0 and (out / "launch-manifest.json").exists():
                 run_dir.write_result(out, "failed", error_type=_error_type(error), message=message, final=final,
-                                     checkpoints=checkpoints)
+                                     checkpoints=checkpoints, validations=validations)
         else:
             if heartbeat is not None:
                 heartbeat.update(phase=status)
             if events is not None:
                 events.write(status, durable=True, **(final or {}))
             if d.rank == 0:
-                run_dir.write_result(out, status, final=final, checkpoints=checkpoints)
+                run_dir.write_result(out, status, final=final, checkpoints=checkpoints, validations=validations)
         if loop is not None and loop.metrics is not None:
             loop.metrics.close()
         if events is not None:

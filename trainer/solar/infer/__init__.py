@@ -1,0 +1,1 @@
+"""One generation path for periodic validation (inside ``solar train``) and ``solar infer``."""

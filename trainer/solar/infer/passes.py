@@ -1,0 +1,184 @@
+"""Running generation passes over the frozen validation plan and writing their outputs.
+
+Layout (``root`` is ``validation/step_NNNNNNNN`` in training, ``generation`` in ``solar infer``)::
+
+    <root>/<pass>/slot_NNNNNN/{manifest.json, generated.mp4, compare.mp4}
+    <root>/<pass>/COMPLETE.json
+    <root>/COMPLETE.json          only when every intended slot of every pass has a manifest
+
+A slot is built in a hidden ``.slot_NNNNNN.<random>.partial`` sibling and renamed into place, so a
+slot directory always holds a terminal manifest (ok or error); a killed run leaves no COMPLETE.json
+and a resumed run finishes the missing slots only. Slot s belongs to logical DP rank s % dp_world;
+SP peers generate it together and the first of them writes it. With FSDP2 every rank must run
+every forward, so ranks without a slot in a round run a discarded forward.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import secrets
+import signal
+import time
+import shutil
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+
+from solar.config.canonical import blake2s_hex, pretty_bytes
+from solar.data.selection import Slot
+from solar.data.stream import ClipSource, Occurrence, StreamClip
+from solar.infer import video
+from solar.infer.generate import sample_bidirectional
+from solar.storage.atomic import fsync_dir, write_create_only
+from solar.train.batch import Batch, collate
+
+SLOT_SCHEMA = "solar.sample.v1"
+PASS_SCHEMA = "solar.validation-pass-complete.v1"
+STEP_SCHEMA = "solar.validation-complete.v1"
+
+
+@dataclass
+class Generation:
+    cfg: object
+    dist: object
+    model: torch.nn.Module
+    codec: object
+    source: ClipSource
+    slots: list[Slot]
+    negative: torch.Tensor | None
+    audio_silence: torch.Tensor | None
+    sharded: bool = False
+    log: Callable[[str], None] = lambda _: None
+    fault: object = None  # solar.train.faults.Fault (kill_validation drills)
+
+    def batch_for(self, slot: Slot) -> Batch | str:
+        occ = Occurrence(reader=-1, epoch=0, position=slot.slot, row=slot.row, repeat_ordinal=0,
+                         start_frame=slot.start_frame)
+        clip = self.source.read(occ)
+        return clip if isinstance(clip, str) else collate([clip]).to(self.dist.device)
+
+    def _dummy(self, batch: Batch, p) -> None:
+        sample_bidirectional(self.model, self.cfg, batch, noise_seed=0, solver=p.solver, steps=p.steps,
+                             negative=self.negative, audio_silence=self.audio_silence)
+
+    def _slot(self, pass_dir: Path, p, weights: str, slot: Slot, step: int | None, writer: bool) -> dict | None:
+        final = pass_dir / f"slot_{slot.slot:06d}"
+        batch = None
+        manifest = {"schema": SLOT_SCHEMA, "slot": slot.slot, "sample_id": slot.sample_id,
+                    "start_frame": slot.start_frame, "noise_seed": slot.noise_seed, "pass": p.name,
+                    "weights": weights, "solver": p.solver, "steps": p.steps, "step": step,
+                    "logical_dp_rank": self.dist.dp_rank, "artifacts": []}
+        partial = pass_dir / f".slot_{slot.slot:06d}.{secrets.token_hex(4)}.partial"
+        if writer:
+            partial.mkdir(parents=True)
+        try:
+            batch = self.batch_for(slot)
+            if isinstance(batch, str):
+                raise ValueError(batch)
+            latents = sample_bidirectional(self.model, self.cfg, batch, noise_seed=slot.noise_seed, solver=p.solver,
+                                           steps=p.steps, negative=self.negative, audio_silence=self.audio_silence)
+            if writer:
+                fps = float(self.cfg.data.fps or 16.0)
+                truth = video.to_uint8(self.codec.decode(batch.latents)[0])
+                made = video.to_uint8(self.codec.decode(latents)[0])
+                video.write_mp4(partial / "generated.mp4", made, fps)
+                video.write_mp4(partial / "compare.mp4", video.side_by_side(truth, made), fps)
+                for name in ("generated.mp4", "compare.mp4"):
+                    data = (partial / name).read_bytes()
+                    manifest["artifacts"].append({"path": name, "bytes": len(data), "blake2s": blake2s_hex(data)})
+                manifest["status"] = "ok"
+                manifest["frames"] = int(made.shape[0])
+        except Exception as exc:  # noqa: BLE001 - the slot's terminal state records it
+            if self.sharded and batch is not None and not isinstance(batch, str):
+                raise
+            manifest.update(status="error", error=f"{type(exc).__name__}: {exc}" if not isinstance(exc, ValueError)
+                            else str(exc), artifacts=[])
+            self.log(f"solar: validation slot {slot.slot} ({slot.sample_id}) failed: {manifest['error']}")
+        if not writer:
+            return None
+        for leftover in ("generated.mp4", "compare.mp4"):
+            if manifest["status"] == "error" and (partial / leftover).exists():
+                (partial / leftover).unlink()
+        write_create_only(partial / "manifest.json", pretty_bytes(manifest), what="slot manifest")
+        fsync_dir(partial)
+        os.rename(partial, final)
+        fsync_dir(pass_dir)
+        if self.fault is not None and step is not None and self.fault.fires("kill_validation", step, self.dist.rank):
+            os.kill(os.getpid(), signal.SIGKILL)
+        return manifest
+
+    def run(self, root: Path, passes: list, weights_for: Callable, step: int | None) -> dict:
+        """Every pass (``weights_for(pass)`` -> (context manager, resolved role) or None to skip)."""
+        d = self.dist
+        done_passes = []
+        for p in passes:
+            chosen = weights_for(p)
+            if chosen is None:
+                self.log(f"solar: validation pass {p.name} skipped (its weights do not exist yet)")
+                continue
+            context, role = chosen
+            pass_dir = root / p.name
+            pass_dir.mkdir(parents=True, exist_ok=True)
+            rounds = -(-len(self.slots) // d.dp_world)
+            with context:
+                for r in range(rounds):
+                    index = r * d.dp_world + d.dp_rank
+                    slot = self.slots[index] if index < len(self.slots) else None
+                    if slot is not None and (pass_dir / f"slot_{slot.slot:06d}").is_dir():
+                        slot = None  # finished by an earlier launch
+                    if slot is None:
+                        if self.sharded:
+                            self._dummy(self._dummy_batch(), p)
+                        continue
+                    started = time.perf_counter()
+                    m = self._slot(pass_dir, p, role, slot, step, writer=d.sp_rank == 0)
+                    if m is not None and m["status"] == "ok":
+                        self.log(f"solar: {p.name} slot {slot.slot + 1}/{len(self.slots)} ({slot.sample_id}) "
+                                 f"{time.perf_counter() - started:.1f}s")
+            d.barrier(f"validation-pass-{p.name}")
+            done_passes.append(p.name)
+            if d.rank == 0:
+                self._complete(pass_dir / "COMPLETE.json", PASS_SCHEMA, step, [p.name], root)
+        summary = None
+        if d.rank == 0:
+            summary = self._complete(root / "COMPLETE.json", STEP_SCHEMA, step, done_passes, root)
+        return d.all_gather_object(summary, "validation-summary")[0]
+
+    def _dummy_batch(self) -> Batch:
+        first = self.batch_for(self.slots[0])
+        if isinstance(first, str):
+            raise RuntimeError(f"no valid input to keep FSDP ranks in step: {first}")
+        return first
+
+    def _complete(self, path: Path, schema: str, step, passes: list[str], root: Path) -> dict:
+        import json
+
+        manifests = []
+        for name in passes:
+            pass_dir = root / name
+            for slot in self.slots:
+                m = pass_dir / f"slot_{slot.slot:06d}" / "manifest.json"
+                if not m.is_file():
+                    raise RuntimeError(f"validation slot {slot.slot} of pass {name} has no manifest")
+                manifests.append(json.loads(m.read_text()))
+        ok = sum(1 for m in manifests if m["status"] == "ok")
+        doc = {"schema": schema, "step": step, "passes": passes, "slots": len(manifests), "ok_slots": ok,
+               "error_slots": len(manifests) - ok, "status": "complete" if ok == len(manifests) else "partial"}
+        if not path.exists():
+            write_create_only(path, pretty_bytes(doc), what="validation COMPLETE.json")
+        return {**doc, "path": str(path.parent)}
+
+
+def clean_partials(root: Path) -> None:
+    """Hidden slot partials of a killed run: not outputs, safe to remove before resuming a pass."""
+    if root.is_dir():
+        for leftover in root.glob("*/.slot_*.partial"):
+            shutil.rmtree(leftover, ignore_errors=True)
+
+
+@contextlib.contextmanager
+def nothing():
+    yield

@@ -1,0 +1,61 @@
+"""H.264 MP4s through PyAV, written atomically and create-only; side-by-side comparisons."""
+
+from __future__ import annotations
+
+import os
+import secrets
+from fractions import Fraction
+from pathlib import Path
+
+import torch
+
+
+def to_uint8(pixels_3FHW: torch.Tensor) -> torch.Tensor:
+    """[-1, 1] float [3, F, H, W] -> uint8 [F, H, W, 3]."""
+    x = ((pixels_3FHW.float().clamp(-1, 1) + 1) * 127.5).round().to(torch.uint8)
+    return x.permute(1, 2, 3, 0).contiguous()
+
+
+def side_by_side(left: torch.Tensor, right: torch.Tensor) -> torch.Tensor:
+    frames = min(left.shape[0], right.shape[0])
+    return torch.cat([left[:frames], right[:frames]], dim=2)
+
+
+def write_mp4(path: Path, frames_FHW3: torch.Tensor, fps: float) -> None:
+    import av
+
+    if path.exists():
+        raise FileExistsError(f"{path} exists; videos are never overwritten")
+    tmp = path.with_name(f".{path.name}.{secrets.token_hex(4)}.tmp")
+    F, H, W, _ = frames_FHW3.shape
+    container = av.open(str(tmp), mode="w", format="mp4")
+    try:
+        stream = container.add_stream("libx264", rate=Fraction(fps).limit_denominator(1001))
+        stream.width, stream.height, stream.pix_fmt = W, H, "yuv420p"
+        # One thread and no macroblock-tree rate control: with mb-tree on, x264 gave different
+        # bitstreams for the same frames from one call to the next (measured), and validation and
+        # `solar infer` must decode to the same frames.
+        stream.codec_context.thread_count = 1
+        stream.options = {"crf": "18", "preset": "medium", "x264-params": "mbtree=0"}
+        array = frames_FHW3.numpy()
+        for i in range(F):
+            frame = av.VideoFrame.from_ndarray(array[i], format="rgb24")
+            frame.pts = i
+            for packet in stream.encode(frame):
+                container.mux(packet)
+        for packet in stream.encode():
+            container.mux(packet)
+    finally:
+        container.close()
+    with open(tmp, "rb+") as handle:
+        os.fsync(handle.fileno())
+    os.link(tmp, path)
+    tmp.unlink()
+
+
+def read_frames(path: Path) -> torch.Tensor:
+    import av
+
+    with av.open(str(path)) as container:
+        frames = [torch.from_numpy(f.to_ndarray(format="rgb24")) for f in container.decode(video=0)]
+    return torch.stack(frames)
