@@ -79,3 +79,18 @@ def sample_bidirectional(model, cfg: RunConfig, batch: Batch, *, noise_seed: int
         if first_clean:
             x[:, :, 0] = x0[:, :, 0]
     return x
+
+
+def sample(model, cfg: RunConfig, batch: Batch, *, noise_seed: int, solver: str, steps: int,
+           negative: torch.Tensor | None = None, audio_silence: torch.Tensor | None = None) -> torch.Tensor:
+    """The route's generation of one slot: bidirectional for Stage0.5, chunk by chunk (KV cache) for
+    the causal Stage1/Stage2 routes, over ``validation.rollout_latents`` latents."""
+    if cfg.train.causal_mode == "bidirectional":
+        return sample_bidirectional(model, cfg, batch, noise_seed=noise_seed, solver=solver, steps=steps,
+                                    negative=negative, audio_silence=audio_silence)
+    from solar.infer.autoregressive import sample_autoregressive
+
+    denoising = cfg.train.sgf.denoising_steps if cfg.train.sgf is not None else None
+    return sample_autoregressive(model, cfg, batch, noise_seed=noise_seed, solver=solver, steps=steps,
+                                 rollout_latents=cfg.validation.rollout_latents, audio_silence=audio_silence,
+                                 denoising_steps=list(denoising) if denoising else None)

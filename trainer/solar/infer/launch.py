@@ -21,9 +21,9 @@ from solar.storage import run_dir
 def infer(config: str, sets: Sequence[str]) -> int:
     resolved = resolve_file(config, sets, expected_action="infer")
     cfg = resolved.config
-    if resolved.route.stage != "stage0p5":
-        raise SolarError(f"solar infer: route {resolved.route.key} (Stage1/Stage2 generation) is not in this build "
-                         "yet; Stage0.5 routes are")
+    if resolved.route.stage == "stage2":
+        raise SolarError(f"solar infer: route {resolved.route.key} (Stage2 generation) is not in this build "
+                         "yet; Stage0.5 and Stage1 routes are")
     import torch
 
     from solar.infer import passes as P

@@ -31,7 +31,7 @@ from solar.config.canonical import blake2s_hex, pretty_bytes
 from solar.data.selection import Slot
 from solar.data.stream import ClipSource, Occurrence, StreamClip
 from solar.infer import video
-from solar.infer.generate import sample_bidirectional
+from solar.infer.generate import sample
 from solar.storage.atomic import fsync_dir, write_create_only
 from solar.train.batch import Batch, collate
 
@@ -61,8 +61,8 @@ class Generation:
         return clip if isinstance(clip, str) else collate([clip]).to(self.dist.device)
 
     def _dummy(self, batch: Batch, p) -> None:
-        sample_bidirectional(self.model, self.cfg, batch, noise_seed=0, solver=p.solver, steps=p.steps,
-                             negative=self.negative, audio_silence=self.audio_silence)
+        sample(self.model, self.cfg, batch, noise_seed=0, solver=p.solver, steps=p.steps,
+               negative=self.negative, audio_silence=self.audio_silence)
 
     def _slot(self, pass_dir: Path, p, weights: str, slot: Slot, step: int | None, writer: bool) -> dict | None:
         final = pass_dir / f"slot_{slot.slot:06d}"
@@ -78,12 +78,13 @@ class Generation:
             batch = self.batch_for(slot)
             if isinstance(batch, str):
                 raise ValueError(batch)
-            latents = sample_bidirectional(self.model, self.cfg, batch, noise_seed=slot.noise_seed, solver=p.solver,
-                                           steps=p.steps, negative=self.negative, audio_silence=self.audio_silence)
+            latents = sample(self.model, self.cfg, batch, noise_seed=slot.noise_seed, solver=p.solver, steps=p.steps,
+                             negative=self.negative, audio_silence=self.audio_silence)
             if writer:
                 fps = float(self.cfg.data.fps or 16.0)
-                truth = video.to_uint8(self.codec.decode(batch.latents)[0])
-                made = video.to_uint8(self.codec.decode(latents)[0])
+                shown = self.cfg.validation.decode_latents or latents.shape[2]
+                truth = video.to_uint8(self.codec.decode(batch.latents[:, :, :shown])[0])
+                made = video.to_uint8(self.codec.decode(latents[:, :, :shown])[0])
                 video.write_mp4(partial / "generated.mp4", made, fps)
                 video.write_mp4(partial / "compare.mp4", video.side_by_side(truth, made), fps)
                 for name in ("generated.mp4", "compare.mp4"):

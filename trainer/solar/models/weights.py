@@ -208,7 +208,7 @@ def iter_solar_tensors(path: str | os.PathLike[str]) -> Iterator[tuple[str, torc
                 yield name, handle.get_tensor(name)
 
 
-DELTA_PREFIX = "condition_embedder.delta_embedding."
+DELTA_PREFIX = ("condition_embedder.delta_embedding.", "delta_embedding.")  # Wan, H3
 
 
 def load_into(model: torch.nn.Module, tensors: dict[str, torch.Tensor], *,

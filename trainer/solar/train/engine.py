@@ -26,7 +26,6 @@ from solar.train import checkpoint_io as io
 from solar.train.batch import collate
 from solar.train.distributed import CollectiveFailure, Dist
 from solar.train.faults import Fault
-from solar.train.fm_step import fm_loss
 from solar.train.schedule import lr_at
 from solar.train.setup import Parts, contract_of
 
@@ -66,6 +65,8 @@ class Loop:
     validations: list = field(default_factory=list)
     last: dict = field(default_factory=dict)
     generation: object = None
+    objective: object = None  # (model, batch, step, micro) -> (loss, per-sample records)
+    term: str = "fm"
 
     # --- one step ---------------------------------------------------------------------------
     def micro_batches(self, step: int) -> tuple[torch.Tensor, list[dict]]:
@@ -97,8 +98,7 @@ class Loop:
                                             f"{step} (samples {[r['sample_id'] for r in batch.identities]})",
                                             "sp_mismatch")
             self.heartbeat.update(phase="forward", step=step)
-            loss, recs = fm_loss(p.model, cfg, batch, step=step, dp_rank=d.dp_rank, micro=micro,
-                                 audio_silence=self.audio_silence)
+            loss, recs = self.objective(p.model, batch, step, micro)
             self.heartbeat.update(phase="backward", step=step)
             (loss / accum).backward()
             total = total + loss.detach() / accum
@@ -156,14 +156,14 @@ class Loop:
         total = torch.tensor([local], device=d.device if d.backend == "nccl" else "cpu")
         d.all_reduce(total, "loss-mean")
         mean = float(total) / d.world
-        event = {"step": step, "loss": local, "loss_mean": mean, "losses": {"fm": local}, "grad_norm": norm,
+        event = {"step": step, "loss": local, "loss_mean": mean, "losses": {self.term: local}, "grad_norm": norm,
                  "lr": lr, "step_seconds": seconds, "samples": records, "ema": p.ema.exists}
         self.events.write("step", **event)
         self.last = {"step": step, "loss": mean, "grad_norm": norm, "step_seconds": seconds}
         if self.metrics is not None:
             m = self.metrics
             m.step.set(step)
-            m.loss.labels(term="fm").set(mean)
+            m.loss.labels(term=self.term).set(mean)
             m.grad_norm.set(norm)
             m.step_seconds.observe(seconds)
             m.samples.inc(len(records) * d.dp_world)

@@ -18,8 +18,6 @@ from solar.errors import SolarError
 from solar.storage import run_dir
 from solar.storage.checkpoints import CheckpointError
 
-STAGE0P5 = "stage0p5"
-
 
 def _error_type(exc: BaseException) -> str:
     from solar.train.distributed import CollectiveFailure
@@ -39,9 +37,9 @@ def _error_type(exc: BaseException) -> str:
 def train(config: str, sets: Sequence[str]) -> int:
     resolved = resolve_file(config, sets, expected_action="train")
     cfg = resolved.config
-    if resolved.route.stage != STAGE0P5:
-        raise SolarError(f"solar train: route {resolved.route.key} (Stage1/Stage2) is not trainable in this "
-                         "build yet; Stage0.5 routes are")
+    if resolved.route.stage == "stage2":
+        raise SolarError(f"solar train: route {resolved.route.key} (Stage2) is not trainable in this build yet; "
+                         "Stage0.5 and Stage1 routes are")
     import torch
 
     from solar.train import distributed, faults
@@ -92,7 +90,11 @@ def train(config: str, sets: Sequence[str]) -> int:
         parts = build_parts(resolved, d.rank, d.device, world=d.world, local_world=d.local_world,
                             sp=SPGroup(d.sp_group, d.sp_rank, d.sp) if d.sp > 1 else None)
         silence = _audio_silence(cfg)
-        loop = Loop(resolved, d, parts, out, events, heartbeat, maybe_start(d.rank), fault, silence)
+        from solar.train.objective import objective_for
+
+        objective, term = objective_for(resolved, d, silence)
+        loop = Loop(resolved, d, parts, out, events, heartbeat, maybe_start(d.rank), fault, silence,
+                    objective=objective, term=term)
         status = loop.run()
     except BaseException as exc:  # noqa: BLE001 - every failure ends in run-result.json
         error = exc

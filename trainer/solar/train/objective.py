@@ -1,0 +1,52 @@
+"""Which single-model loss a route trains with, bound to the run: (model, batch, step, micro) ->
+(loss, per-sample records), plus the loss term's name for events and metrics."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import torch
+
+from solar.errors import SolarError
+from solar.train.fm_step import fm_loss
+
+
+def negative_prompt(cfg) -> torch.Tensor:
+    """The unconditional prompt embedding of guided objectives (data.root/data.negative_prompt)."""
+    from safetensors.torch import load_file
+
+    if not cfg.data.negative_prompt:
+        raise SolarError("a guided objective needs data.negative_prompt (the negative prompt embedding)")
+    path = Path(cfg.data.root) / cfg.data.negative_prompt
+    if not path.is_file():
+        raise SolarError(f"data.negative_prompt {path} does not exist")
+    return load_file(path)["prompt_embeds"].float()
+
+
+def objective_for(resolved, dist, audio_silence: torch.Tensor | None):
+    cfg, route = resolved.config, resolved.route
+    if route.stage == "stage0p5":
+        def run(model, batch, step, micro):
+            return fm_loss(model, cfg, batch, step=step, dp_rank=dist.dp_rank, micro=micro,
+                           audio_silence=audio_silence)
+        return run, "fm"
+    if route.stage == "stage1" and route.objective == "anyflow_forward_map":
+        from solar.train.stage1_step import anyflow_loss
+
+        guided = (cfg.train.anyflow.guidance_scale or 1.0) != 1.0
+        negative = negative_prompt(cfg) if guided else None
+
+        def gather(entries: list) -> list:
+            return [e for part in dist.all_gather_object(entries, "anyflow-rescale") for e in part]
+
+        def run(model, batch, step, micro):
+            return anyflow_loss(model, cfg, batch, step=step, dp_rank=dist.dp_rank, dp_world=dist.dp_world,
+                                micro=micro, gather=gather, negative=negative, audio_silence=audio_silence)
+        return run, "anyflow"
+    if route.stage == "stage1":
+        from solar.train.stage1_step import tf_fm_loss
+
+        def run(model, batch, step, micro):
+            return tf_fm_loss(model, cfg, batch, step=step, dp_rank=dist.dp_rank, micro=micro)
+        return run, "tf_fm"
+    raise SolarError(f"route {route.key} has no single-model objective (Stage2 trains three roles)")

@@ -1,0 +1,146 @@
+"""Stage1 losses on one micro-batch, through the teacher-forcing layout ``[clean | noisy]``.
+
+- TF-AnyFlow v1_5 (Wan TI2V-5B, MiniMax-H3): ``solar.objectives.anyflow`` with the model as the
+  average-velocity callable. Wan: guided target (negative prompt, g = 3), first latent kept clean at
+  t = r = 0 and outside the loss unless the sample's image condition is dropped. H3: unguided, in
+  reversed time, the first ``train.anyflow.trained_latents`` (45) latents, keyframe anchor and
+  noised encoded silence in the prefix.
+- TF-FM baseline (Wan): one shifted grid sigma per 3-latent chunk, FM target, the chunk's Gaussian
+  weight, the same anchoring.
+
+Sample kinds (diffusion / consistency / flow-map) follow the sample's index in the logical-global
+batch of the step: ``(dp_rank * accumulation + micro) * micro_batch + i`` of
+``dp_world * accumulation * micro_batch``. Draw order (one generator per micro-batch, from
+``fm.step_generator``): Wan AnyFlow — u1, u2, noise; H3 — anchor noise, audio noise, audio time,
+video noise, u1, u2; TF-FM — chunk grid indices, noise.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+import torch
+
+from solar.config.schema import RunConfig
+from solar.objectives import anyflow as af
+from solar.objectives import fm
+from solar.train.batch import Batch
+
+Gather = Callable[[list], list]  # every logical-global sample's (loss, is_diffusion) from this micro-batch's
+
+
+def _drops(cfg: RunConfig, step: int, dp_rank: int, micro: int, batch: int) -> list[bool]:
+    p = cfg.train.fm.image_condition_dropout or 0.0
+    return [fm.drop_decision(cfg.train.seed, step, dp_rank, micro * batch + i, p) for i in range(batch)]
+
+
+def anyflow_loss(model, cfg: RunConfig, batch: Batch, *, step: int, dp_rank: int, dp_world: int, micro: int,
+                 gather: Gather, negative: torch.Tensor | None = None,
+                 audio_silence: torch.Tensor | None = None) -> tuple[torch.Tensor, list[dict]]:
+    a, family = cfg.train.anyflow, cfg.model.family
+    accum = cfg.train.gradient_accumulation
+    x0 = batch.latents
+    B = x0.shape[0]
+    device = x0.device
+    gen = fm.step_generator(cfg.train.seed, step, dp_rank, micro)
+    offset, size = (dp_rank * accum + micro) * B, dp_world * accum * B
+    shift = cfg.model.timestep_shift
+    drops = [False] * B
+    if family == "minimax_h3":
+        keep_latents = a.trained_latents or x0.shape[2]
+        x0 = x0[:, :, :keep_latents]
+        cameras = batch.cameras[:, :keep_latents]
+        k = cfg.train.fm.keyframe_anchor_t
+        anchor_eps = torch.randn(x0[:, :, :1].shape, generator=gen).to(device)
+        anchor = k * batch.latents[:, :, :1] + (1 - k) * anchor_eps
+        audio = t_audio = None
+        if audio_silence is not None:
+            silence = audio_silence.to(device).expand(B, *audio_silence.shape)
+            audio_eps = torch.randn(silence.shape, generator=gen).to(device)
+            t_audio = fm.sample_h3_times(B, cfg.model.audio_timestep_shift, gen).to(device)
+            audio = fm.noisy_h3(silence, audio_eps, t_audio)
+        eps = torch.randn(x0.shape, generator=gen).to(device)
+        pairs = af.sample_time_pairs(B, global_offset=offset, global_size=size, diffusion_ratio=a.diffusion_ratio,
+                                     consistency_ratio=a.consistency_ratio, generator=gen)
+
+        def h3(z, t_data, r_data, negative_prompt):
+            return model.forward_teacher_forcing(x0, z, t_data, batch.prompt, anchor=anchor, audio=audio,
+                                                 audio_timestep=t_audio, cameras=cameras, r_timestep=r_data)
+
+        velocity = af.reversed_time_velocity(h3)
+        guidance, keep = 1.0, None
+        mask = torch.ones(B, x0.shape[2], device=device)
+    else:
+        pairs = af.sample_time_pairs(B, global_offset=offset, global_size=size, diffusion_ratio=a.diffusion_ratio,
+                                     consistency_ratio=a.consistency_ratio, generator=gen)
+        eps = torch.randn(x0.shape, generator=gen).to(device)
+        drops = _drops(cfg, step, dp_rank, micro, B)
+        guidance = a.guidance_scale or 1.0
+        if guidance != 1.0 and negative is None:
+            raise ValueError("a guided AnyFlow target needs the negative prompt (data.negative_prompt)")
+        neg = None if negative is None else negative.to(device, batch.prompt.dtype)[None].expand(B, -1, -1)
+
+        def velocity(z, t_raw, r_raw, negative_prompt):
+            prompt = neg if negative_prompt else batch.prompt
+            return model.forward_teacher_forcing(x0, z, t_raw, prompt, cameras=batch.cameras, r_timestep=r_raw)
+
+        keep = torch.zeros(B, x0.shape[2], dtype=torch.bool, device=device)
+        keep[:, 0] = torch.tensor([not d for d in drops], device=device)
+        mask = (~keep).float()
+    t_raw, r_raw = af.raw_levels(pairs, shift)
+    frames = x0.shape[2]
+    t_f = t_raw.to(device)[:, None].expand(B, frames).clone()
+    r_f = r_raw.to(device)[:, None].expand(B, frames).clone()
+    if keep is not None:
+        t_f[keep], r_f[keep] = 0.0, 0.0
+    terms = af.flow_map_terms(velocity, x0, eps, t_f, r_f, mask, guidance=guidance,
+                              epsilon=a.central_difference_epsilon, keep=keep)
+    losses = terms.losses
+    if a.rescale_non_diffusion:
+        everyone = gather([(float(v), bool(d)) for v, d in zip(losses.detach(), pairs.is_diffusion)])
+        global_losses = torch.tensor([v for v, _ in everyone], device=device)
+        global_diffusion = torch.tensor([d for _, d in everyone], device=device)
+        losses = af.adaptive_rescale(losses, pairs.is_diffusion.to(device), global_losses, global_diffusion)
+    weights = af.gaussian_weight_at(t_raw, shift).to(device)
+    losses = losses * weights
+    records = []
+    for i, ident in enumerate(batch.identities):
+        records.append({**ident, "timestep": float(t_raw[i]), "r_timestep": float(r_raw[i]),
+                        "kind": af.KIND_NAMES[int(pairs.kind[i])], "image_condition_dropped": drops[i],
+                        "loss": float(losses[i].detach())})
+    return losses.mean(), records
+
+
+def tf_fm_loss(model, cfg: RunConfig, batch: Batch, *, step: int, dp_rank: int, micro: int
+               ) -> tuple[torch.Tensor, list[dict]]:
+    """Teacher-forcing FM (Wan): per-chunk grid sigma and Gaussian weight; anchored first latent."""
+    x0 = batch.latents
+    B, _, frames, _, _ = x0.shape
+    device = x0.device
+    chunk = cfg.model.causal.chunk_latents
+    chunks = -(-frames // chunk)
+    gen = fm.step_generator(cfg.train.seed, step, dp_rank, micro)
+    table = fm.sigma_table(cfg.model.timestep_shift)
+    grid_weights = fm.gaussian_weights(table * fm.NUM_TRAIN_TIMESTEPS)
+    index = torch.randint(0, table.numel(), (B, chunks), generator=gen)
+    eps = torch.randn(x0.shape, generator=gen).to(device)
+    sigma = table[index].float().repeat_interleave(chunk, dim=1)[:, :frames].to(device)   # [B, F]
+    weight = grid_weights[index].float().repeat_interleave(chunk, dim=1)[:, :frames].to(device)
+    if cfg.train.fm.weighting != "gaussian":
+        weight = torch.ones_like(weight)
+    drops = _drops(cfg, step, dp_rank, micro, B)
+    mask = torch.ones(B, frames, device=device)
+    for i, dropped in enumerate(drops):
+        if not dropped:
+            sigma[i, 0] = 0.0
+            mask[i, 0] = 0.0
+    s = sigma[:, None, :, None, None]
+    x = (1 - s) * x0 + s * eps
+    pred = model.forward_teacher_forcing(x0, x, sigma * fm.NUM_TRAIN_TIMESTEPS, batch.prompt, cameras=batch.cameras)
+    err = (pred.float() - (eps - x0).float()).square().mean(dim=(1, 3, 4))   # [B, F]
+    losses = (err * mask * weight).sum(dim=1) / mask.sum(dim=1).clamp_min(1.0)
+    records = []
+    for i, ident in enumerate(batch.identities):
+        records.append({**ident, "timestep": float(sigma[i].max() * fm.NUM_TRAIN_TIMESTEPS),
+                        "image_condition_dropped": drops[i], "loss": float(losses[i].detach())})
+    return losses.mean(), records
