@@ -137,8 +137,8 @@ class ClipSource:
             self.prefetch_rows({index})
         return self._rows[index]
 
-    def read(self, occ: Occurrence) -> StreamClip | str:
-        """The clip, or the reason it is skipped (camera guard)."""
+    def read(self, occ: Occurrence, pixel_frames: int | None = None) -> StreamClip | str:
+        """The clip (``pixel_frames`` long, default the source's), or why it is skipped (camera guard)."""
         row = self.row(occ.row)
         where = f"sample {row.sample_id!r} (shard {row.shard})"
         sample = decode_sample(self.shards.read(row), where)
@@ -146,7 +146,7 @@ class ClipSource:
         if sample.metadata.get("sample_id") != row.sample_id:
             raise DataError(f"{where}: the blob holds sample {sample.metadata.get('sample_id')!r}")
         clip = cut_clip(sample, self.layout, start_frame=occ.start_frame,
-                        pixel_frames=self.pixel_frames, where=where)
+                        pixel_frames=pixel_frames or self.pixel_frames, where=where)
         rel = rebase(clip.c2w)
         fps = clip.fps or self.guards.fps
         verdict = check_guards(rel, fps=fps, seconds=self.guards.seconds,

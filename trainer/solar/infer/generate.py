@@ -91,6 +91,8 @@ def sample(model, cfg: RunConfig, batch: Batch, *, noise_seed: int, solver: str,
     from solar.infer.autoregressive import sample_autoregressive
 
     denoising = cfg.train.sgf.denoising_steps if cfg.train.sgf is not None else None
+    camera_length = getattr(cfg, "inference", None) is not None and cfg.inference.length == "camera"
+    rollout = batch.latents.shape[2] if camera_length else cfg.validation.rollout_latents
     return sample_autoregressive(model, cfg, batch, noise_seed=noise_seed, solver=solver, steps=steps,
-                                 rollout_latents=cfg.validation.rollout_latents, audio_silence=audio_silence,
+                                 rollout_latents=rollout, audio_silence=audio_silence,
                                  denoising_steps=list(denoising) if denoising else None)

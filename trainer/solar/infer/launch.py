@@ -21,9 +21,6 @@ from solar.storage import run_dir
 def infer(config: str, sets: Sequence[str]) -> int:
     resolved = resolve_file(config, sets, expected_action="infer")
     cfg = resolved.config
-    if resolved.route.stage == "stage2":
-        raise SolarError(f"solar infer: route {resolved.route.key} (Stage2 generation) is not in this build "
-                         "yet; Stage0.5 and Stage1 routes are")
     import torch
 
     from solar.infer import passes as P

@@ -57,8 +57,25 @@ class Generation:
     def batch_for(self, slot: Slot) -> Batch | str:
         occ = Occurrence(reader=-1, epoch=0, position=slot.slot, row=slot.row, repeat_ordinal=0,
                          start_frame=slot.start_frame)
-        clip = self.source.read(occ)
+        clip = self.source.read(occ, self.camera_length_frames(slot))
         return clip if isinstance(clip, str) else collate([clip]).to(self.dist.device)
+
+    def camera_length_frames(self, slot: Slot) -> int | None:
+        """Camera-length inference: the longest whole-chunk rollout the sample's camera track
+        supports from the slot's start (pixel frames), else None (the configured clip)."""
+        inference = getattr(self.cfg, "inference", None)
+        if inference is None or inference.length != "camera":
+            return None
+        frames = self.source.row(slot.row).num_frames
+        if frames is None or frames < 0:
+            raise ValueError(f"sample {slot.sample_id!r}: camera-length inference needs num_frames in the test index")
+        chunk = self.cfg.model.causal.chunk_latents
+        latents = 1 + (frames - slot.start_frame - 1) // 4
+        rollout = latents // chunk * chunk
+        if rollout < chunk:
+            raise ValueError(f"sample {slot.sample_id!r}: its camera track from frame {slot.start_frame} supports "
+                             f"{latents} latents, less than one {chunk}-latent chunk")
+        return 1 + 4 * (rollout - 1)
 
     def _dummy(self, batch: Batch, p) -> None:
         sample(self.model, self.cfg, batch, noise_seed=0, solver=p.solver, steps=p.steps,
@@ -92,6 +109,7 @@ class Generation:
                     manifest["artifacts"].append({"path": name, "bytes": len(data), "blake2s": blake2s_hex(data)})
                 manifest["status"] = "ok"
                 manifest["frames"] = int(made.shape[0])
+                manifest["rollout_latents"] = int(latents.shape[2])
         except Exception as exc:  # noqa: BLE001 - the slot's terminal state records it
             if self.sharded and batch is not None and not isinstance(batch, str):
                 raise

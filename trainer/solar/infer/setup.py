@@ -161,6 +161,8 @@ class InferenceWeights:
     def __init__(self, cfg, route, model) -> None:
         self.cfg, self.model, self.path = cfg, model, Path(cfg.checkpoint.path)
         self.manifest, self.default = check_source(cfg, route)
+        # a Stage2 checkpoint generates with its student; every other route holds one model
+        self.member_role = "student" if "student" in (self.manifest.get("roles") or {}) else "model"
 
     def role(self, p) -> str:
         if p.weights != "model":
@@ -175,7 +177,7 @@ class InferenceWeights:
         from solar.train import checkpoint_io as io
 
         role = self.role(p)
-        tensors = io.load_weights(self.path, "model", role)
+        tensors = io.load_weights(self.path, self.member_role, role)
         if self.manifest.get("trainer_state", {}).get("adapter_only"):
             tensors = {**{k: v for k, v in self.model.state_dict().items() if ".lora_" not in k}, **tensors}
         load_into(self.model, tensors, where=f"checkpoint.path {self.path}")

@@ -88,11 +88,14 @@ def drop_decision(seed: int, step: int, dp_rank: int, index: int, probability: f
     return int.from_bytes(digest, "big") / 2**64 < probability
 
 
-def step_generator(seed: int, step: int, dp_rank: int, micro: int, device: str | torch.device = "cpu") -> torch.Generator:
-    """The noise/timestep generator of one micro-batch: identical on SP peers (same dp rank)."""
+def step_generator(seed: int, step: int, dp_rank: int, micro: int, device: str | torch.device = "cpu",
+                   purpose: str = "") -> torch.Generator:
+    """The noise/timestep generator of one micro-batch: identical on SP peers (same dp rank).
+    ``purpose`` separates independent streams of one step (Stage2: student and critic)."""
     import hashlib
 
-    digest = hashlib.blake2s(f"noise|{seed}|{step}|{dp_rank}|{micro}".encode(), digest_size=8).digest()
+    label = f"noise|{seed}|{step}|{dp_rank}|{micro}" + (f"|{purpose}" if purpose else "")
+    digest = hashlib.blake2s(label.encode(), digest_size=8).digest()
     return torch.Generator(device=device).manual_seed(int.from_bytes(digest, "big") & ((1 << 63) - 1))
 
 

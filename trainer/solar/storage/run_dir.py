@@ -24,7 +24,7 @@ LAUNCH_SCHEMA = "solar.launch.v1"
 RESULT_SCHEMA = "solar.run-result.v1"
 # Keys a resume may change without making it another run.
 RESUME_KEYS = (("checkpoint", "mode"), ("checkpoint", "path"), ("checkpoint", "weights"),
-               ("runtime", "exit_after_step"))
+               ("checkpoint", "roles"), ("runtime", "exit_after_step"))
 
 
 def code_revision(repo: Path | None = None) -> dict:
@@ -78,7 +78,7 @@ def prepare(output_dir: Path, resolved, *, resuming: bool) -> None:
     recorded = json.loads(existing.read_text()).get("launch_identity_digest")
     if recorded != launch_identity_digest(resolved.config_dict):
         raise SolarError(f"{output_dir} holds a run with a different configuration; a full resume must use the "
-                         "same config (only checkpoint.mode/path/weights and runtime.exit_after_step may change)")
+                         "same config (only checkpoint.mode/path/weights/roles and runtime.exit_after_step may change)")
 
 
 def write_launch(output_dir: Path, resolved, init: dict) -> None:

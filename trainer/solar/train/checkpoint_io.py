@@ -161,6 +161,11 @@ def load_optimizer(path: Path, role: str, optimizer: torch.optim.Optimizer, name
     optimizer.load_state_dict({"state": state, "param_groups": groups})
 
 
+def write_trainer(partial: Path, state: dict) -> None:
+    """``trainer.json``: step counters and EMA bookkeeping."""
+    _write(partial / "trainer.json", json.dumps(state, sort_keys=True).encode())
+
+
 def rng_state() -> dict:
     py = random.getstate()
     state = {"python": [py[0], list(py[1]), py[2]], "torch": torch.get_rng_state().tolist()}

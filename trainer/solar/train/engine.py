@@ -66,6 +66,7 @@ class Loop:
     last: dict = field(default_factory=dict)
     generation: object = None
     objective: object = None  # (model, batch, step, micro) -> (loss, per-sample records)
+    stage2: object = None     # solar.train.stage2.Stage2: its outer step and role checkpoints
     term: str = "fm"
 
     # --- one step ---------------------------------------------------------------------------
@@ -106,31 +107,12 @@ class Loop:
         return total, records
 
     def sync_and_clip(self, step: int) -> float:
-        d, p = self.dist, self.parts
-        grads = [q.grad if q.grad is not None else torch.zeros_like(q) for q in p.params.values()]
-        if p.sharded:
-            # FSDP2 already averaged over every rank; SP peers' partial gradients must add.
-            for q, g in zip(p.params.values(), grads):
-                q.grad = g * d.sp if d.sp > 1 else g
-        elif d.world > 1:
-            flat = torch.cat([g.reshape(-1).float() for g in grads])
-            d.all_reduce(flat, "grad-sync")
-            flat /= d.dp_world  # SP peers' partial gradients add up; logical DP ranks average
-            offset = 0
-            for q, g in zip(p.params.values(), grads):
-                n = g.numel()
-                q.grad = flat[offset:offset + n].view_as(q).to(q.dtype)
-                offset += n
-        else:
-            for q, g in zip(p.params.values(), grads):
-                q.grad = g
-        clip = self.resolved.config.train.optimizer.grad_clip
-        norm = torch.nn.utils.clip_grad_norm_(list(p.params.values()), clip if clip else float("inf"))
-        if hasattr(norm, "full_tensor"):
-            norm = norm.full_tensor()
-        return float(norm)
+        p = self.parts
+        return sync_and_clip(self.dist, p.params, self.resolved.config.train.optimizer.grad_clip, p.sharded)
 
     def step(self, step: int) -> dict:
+        if self.stage2 is not None:
+            return self.stage2.step(self, step)
         cfg, d, p = self.resolved.config, self.dist, self.parts
         started = time.perf_counter()
         lr = lr_at(step, cfg.train.optimizer, cfg.train.max_steps)
@@ -194,26 +176,16 @@ class Loop:
         if d.rank == 0:
             partial = ckpt.begin(self.out, step)
         partial = Path(d.all_gather_object(str(partial), "checkpoint-begin")[0])
-        members = []
-        shadow, _ = p.ema.state()
-        snap = io.snapshot(p.model, p.optimizer, p.names, sharded=p.sharded, adapter_only=p.adapter_only,
-                           ema=shadow)  # a collective with FSDP2: every rank takes part
-        if d.rank == 0:
-            members = io.save_role(partial, "model", snap, p.names)
-            import json
-
-            with open(partial / "trainer.json", "xb") as handle:
-                handle.write(json.dumps({"step": step, "ema": p.ema.state()[1]}).encode())
+        if self.stage2 is not None:
+            roles, trainer_state = self.stage2.write(self, partial, step)
+        else:
+            roles, trainer_state = self._write_model(partial, step)
         io.save_rank_state(partial, d.rank, data_state=p.stream.state_dict())
         d.barrier("checkpoint-written")
         final = None
         if d.rank == 0:
-            weights = ["live", "ema"] if p.ema.exists else ["live"]
-            final = ckpt.commit(partial, step=step, contract=contract_of(self.resolved),
-                                roles={"model": {"weights": weights, "members": members}},
-                                trainer_state={"step": step, "adapter_only": p.adapter_only,
-                                               "base": self.resolved.config.model.pretrained_path,
-                                               "ema_exists": p.ema.exists})
+            final = ckpt.commit(partial, step=step, contract=contract_of(self.resolved), roles=roles,
+                                trainer_state=trainer_state)
         final = Path(d.all_gather_object(str(final), "checkpoint-commit")[0])
         seconds = time.perf_counter() - started
         self.events.write("checkpoint", durable=True, step=step, path=str(final), seconds=seconds)
@@ -222,6 +194,21 @@ class Loop:
             self.metrics.save_seconds.observe(seconds)
             self.metrics.last_checkpoint.set(step)
         return final
+
+    def _write_model(self, partial: Path, step: int) -> tuple[dict, dict]:
+        """The single-model role: weights, EMA, optimizer, trainer.json (rank 0 writes)."""
+        d, p = self.dist, self.parts
+        members = []
+        shadow, meta = p.ema.state()
+        snap = io.snapshot(p.model, p.optimizer, p.names, sharded=p.sharded, adapter_only=p.adapter_only,
+                           ema=shadow)  # a collective with FSDP2: every rank takes part
+        if d.rank == 0:
+            members = io.save_role(partial, "model", snap, p.names)
+            io.write_trainer(partial, {"step": step, "ema": meta})
+        weights = ["live", "ema"] if p.ema.exists else ["live"]
+        return ({"model": {"weights": weights, "members": members}},
+                {"step": step, "adapter_only": p.adapter_only, "base": self.resolved.config.model.pretrained_path,
+                 "ema_exists": p.ema.exists})
 
     def due(self, step: int) -> bool:
         run = self.resolved.config.runtime
@@ -338,3 +325,28 @@ class Progress:
         sys.stderr.write(f"solar: step {step}/{self.total} loss {event['loss_mean']:.4f} grad {event['grad_norm']:.3g} "
                          f"lr {event['lr']:.3g} {event['step_seconds']:.2f}s/step eta {eta:.0f}s\n")
         sys.stderr.flush()
+
+
+def sync_and_clip(d: Dist, params: dict, clip: float | None, sharded: bool) -> float:
+    """Average gradients over logical DP ranks (SP peers' partial gradients add) and clip; the norm."""
+    grads = [q.grad if q.grad is not None else torch.zeros_like(q) for q in params.values()]
+    if sharded:
+        # FSDP2 already averaged over every rank; SP peers' partial gradients must add.
+        for q, g in zip(params.values(), grads):
+            q.grad = g * d.sp if d.sp > 1 else g
+    elif d.world > 1:
+        flat = torch.cat([g.reshape(-1).float() for g in grads])
+        d.all_reduce(flat, "grad-sync")
+        flat /= d.dp_world  # SP peers' partial gradients add up; logical DP ranks average
+        offset = 0
+        for q, g in zip(params.values(), grads):
+            n = g.numel()
+            q.grad = flat[offset:offset + n].view_as(q).to(q.dtype)
+            offset += n
+    else:
+        for q, g in zip(params.values(), grads):
+            q.grad = g
+    norm = torch.nn.utils.clip_grad_norm_(list(params.values()), clip if clip else float("inf"))
+    if hasattr(norm, "full_tensor"):
+        norm = norm.full_tensor()
+    return float(norm)

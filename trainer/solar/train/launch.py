@@ -37,9 +37,6 @@ def _error_type(exc: BaseException) -> str:
 def train(config: str, sets: Sequence[str]) -> int:
     resolved = resolve_file(config, sets, expected_action="train")
     cfg = resolved.config
-    if resolved.route.stage == "stage2":
-        raise SolarError(f"solar train: route {resolved.route.key} (Stage2) is not trainable in this build yet; "
-                         "Stage0.5 and Stage1 routes are")
     import torch
 
     from solar.train import distributed, faults
@@ -62,6 +59,9 @@ def train(config: str, sets: Sequence[str]) -> int:
     if d.rank == 0:
         try:
             run_dir.prepare(out, resolved, resuming=resuming)
+            from solar.train.setup import preflight_sources
+
+            preflight_sources(resolved)
             run = cfg.runtime
             if cfg.validation.passes and (run.validate_every or run.validation_steps):
                 from solar.infer.setup import check_test_set
@@ -87,14 +87,21 @@ def train(config: str, sets: Sequence[str]) -> int:
 
         from solar.models.sequence_parallel import SPGroup
 
-        parts = build_parts(resolved, d.rank, d.device, world=d.world, local_world=d.local_world,
-                            sp=SPGroup(d.sp_group, d.sp_rank, d.sp) if d.sp > 1 else None)
+        sp = SPGroup(d.sp_group, d.sp_rank, d.sp) if d.sp > 1 else None
         silence = _audio_silence(cfg)
-        from solar.train.objective import objective_for
+        if resolved.route.stage == "stage2":
+            from solar.train.stage2 import build_stage2
 
-        objective, term = objective_for(resolved, d, silence)
-        loop = Loop(resolved, d, parts, out, events, heartbeat, maybe_start(d.rank), fault, silence,
-                    objective=objective, term=term)
+            parts, stage2 = build_stage2(resolved, d.rank, d.device, world=d.world, sp=sp)
+            loop = Loop(resolved, d, parts, out, events, heartbeat, maybe_start(d.rank), fault, silence,
+                        stage2=stage2, term="critic")
+        else:
+            from solar.train.objective import objective_for
+
+            parts = build_parts(resolved, d.rank, d.device, world=d.world, local_world=d.local_world, sp=sp)
+            objective, term = objective_for(resolved, d, silence)
+            loop = Loop(resolved, d, parts, out, events, heartbeat, maybe_start(d.rank), fault, silence,
+                        objective=objective, term=term)
         status = loop.run()
     except BaseException as exc:  # noqa: BLE001 - every failure ends in run-result.json
         error = exc

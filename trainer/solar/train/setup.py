@@ -61,6 +61,21 @@ def _load_base(model, family: str, path: str) -> None:
     load_into(model, {**tensors, **lora}, init_delta_from_time=True, where=f"model.pretrained_path {path}")
 
 
+def preflight_sources(resolved: Resolved) -> None:
+    """Every weight source the launch reads is verified and compatible, before anything is written."""
+    cfg, route = resolved.config, resolved.route
+    ck = cfg.checkpoint
+    if ck.mode == "roles":
+        from solar.train.stage2 import check_roles
+
+        check_roles(cfg, route)
+    elif ck.mode == "weights_only" or (ck.mode == "full_resume" and route.stage != "stage2"):
+        manifest = require_valid(ck.path, "checkpoint.path")
+        problem = source_problem(route, manifest.get("contract", {}), cfg, resume=ck.mode == "full_resume")
+        if problem:
+            raise CheckpointError(f"checkpoint.path {ck.path} cannot initialise this run: {problem}")
+
+
 def build_parts(resolved: Resolved, rank: int, device: torch.device, *, world: int = 1, local_world: int = 1,
                 sp=None) -> Parts:
     cfg, route = resolved.config, resolved.route

@@ -1,0 +1,513 @@
+"""Stage2: DMD via self-gradient forcing with three roles (semantics.md §4, §5).
+
+Roles, each initialised through the real load path and checked before any model is allocated:
+
+- student (trainable, causal): Stage1 AnyFlow weights (``checkpoint.roles.student``, usually EMA)
+  with AnyFlow's delta embedding dropped; its EMA starts at student update ``train.ema.start_step``;
+- teacher (frozen, bidirectional) and critic (trainable, bidirectional): the same Stage0.5 FM
+  checkpoint; the critic has its own optimizer (``train.sgf.critic_optimizer``).
+
+Outer step s: a student update first when ``dmd.student_updates(s)`` (outer steps 6, 11, 16, ...),
+then a critic update, each on a fresh global batch from the stream. The student's rollout runs
+chunk by chunk against the KV cache without grad, stopping each chunk at a randomly drawn exit
+level; a second, teacher-forced pass over ``[committed chunks | noisy chunks at their exit
+levels]`` recomputes every chunk's output with grad (the teacher-forcing mask reproduces the
+windowed cache exactly). Checkpoints hold ``student`` (live, EMA, optimizer) and ``critic`` (live,
+optimizer) roles; the teacher's source is recorded and re-verified on resume.
+
+Randomness per micro-batch from ``fm.step_generator(..., purpose="student"|"critic")``. Draw order:
+(H3: anchor noise, audio noise, audio time), rollout noise, per-chunk exit levels, re-noising
+noise (chunk by chunk, level by level), score levels, score noise.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import math
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+
+from solar.config.contracts import checkpoint_contract
+from solar.models.registry import model_from_config
+from solar.models.weights import WeightsError, load_into
+from solar.objectives import dmd, fm
+from solar.storage.checkpoints import CheckpointError, read_manifest, require_valid
+from solar.train import checkpoint_io as io
+from solar.train.batch import Batch, collate
+from solar.train.distributed import CollectiveFailure
+from solar.train.ema import EMA
+from solar.train.schedule import lr_at
+
+N = fm.NUM_TRAIN_TIMESTEPS
+
+
+# --- building the three roles -----------------------------------------------------------------
+
+def _role_problem(role: str, manifest: dict, cfg, family: str, *, stage: str, objective: str, weights: str) -> str | None:
+    c = manifest.get("contract", {})
+    if c.get("family") != family:
+        return f"it is a {c.get('family')} checkpoint, this run is {family}"
+    if c.get("camera_translation_transform") != cfg.model.camera_translation_transform:
+        return (f"its camera translation transform is {c.get('camera_translation_transform')}, this run uses "
+                f"{cfg.model.camera_translation_transform}")
+    if c.get("stage") != stage or c.get("objective") != objective:
+        what = "Stage1 AnyFlow (anyflow_forward_map)" if role == "student" else "Stage0.5 flow matching"
+        return f"the {role} starts from {what} weights; the checkpoint is {c.get('stage')} {c.get('objective')}"
+    model_role = (manifest.get("roles") or {}).get("model")
+    if model_role is None:
+        return "it has no single-model weights (role model)"
+    if weights not in model_role.get("weights", []):
+        return f"it has no {weights} weights (it holds {', '.join(model_role.get('weights', []))})"
+    return None
+
+
+def check_roles(cfg, route) -> dict[str, dict]:
+    """Verify every role source (before allocation); returns each role's checkpoint manifest."""
+    roles = cfg.checkpoint.roles
+    expected = {"student": ("stage1", "anyflow_forward_map"), "teacher": ("stage0p5", _fm_objective(route.family)),
+                "critic": ("stage0p5", _fm_objective(route.family))}
+    manifests = {}
+    for role, (stage, objective) in expected.items():
+        source = getattr(roles, role)
+        manifest = require_valid(source.path, f"checkpoint.roles.{role}.path")
+        problem = _role_problem(role, manifest, cfg, route.family, stage=stage, objective=objective,
+                                weights=source.weights)
+        if problem:
+            raise CheckpointError(f"checkpoint.roles.{role}.path {source.path} cannot initialise the {role}: {problem}")
+        manifests[role] = manifest
+    return manifests
+
+
+def _fm_objective(family: str) -> str:
+    return "native_rectified_flow" if family == "ltx25_video" else "flow_matching"
+
+
+def _load(model, path: str, weights: str, *, drop_delta: bool, where: str) -> None:
+    tensors = io.load_weights(Path(path), "model", weights)
+    if read_manifest(path).get("trainer_state", {}).get("adapter_only"):
+        tensors = {**{k: v for k, v in model.state_dict().items() if ".lora_" not in k}, **tensors}
+    try:
+        load_into(model, tensors, drop_delta=drop_delta, where=where)
+    except WeightsError as exc:
+        raise CheckpointError(str(exc)) from None
+
+
+@dataclass
+class Role:
+    model: torch.nn.Module
+    names: list[str]
+    params: dict[str, torch.nn.Parameter]
+    optimizer: torch.optim.Optimizer
+
+
+def _role(model, opt) -> Role:
+    params = {n: p for n, p in model.named_parameters() if p.requires_grad}
+    optimizer = torch.optim.AdamW(list(params.values()), lr=opt.lr, betas=tuple(opt.betas), eps=opt.eps,
+                                  weight_decay=opt.weight_decay)
+    return Role(model, list(params), params, optimizer)
+
+
+def build_stage2(resolved, rank: int, device: torch.device, *, world: int = 1, sp=None):
+    """(student Parts for the shared loop, the Stage2 state holding teacher and critic)."""
+    import random
+
+    from solar.data.from_config import train_stream
+    from solar.train.setup import Parts, _load_base
+
+    cfg, route = resolved.config, resolved.route
+    ck = cfg.checkpoint
+    if cfg.distributed.sharding != "none" and world > 1:
+        raise CheckpointError("Stage2 with FSDP sharding is not in this build; set distributed.sharding=none")
+    resume = ck.mode == "full_resume"
+    trainer = None
+    if resume:
+        manifest = require_valid(ck.path, "checkpoint.path")
+        saved = manifest.get("contract", {})
+        expected = checkpoint_contract(cfg, route)
+        for key in ("family", "stage", "causal_mode", "objective", "camera_translation_transform",
+                    "sequence_parallel_size"):
+            if saved.get(key) != expected[key]:
+                raise CheckpointError(f"checkpoint.path {ck.path}: a full resume needs {key} {expected[key]!r}, the "
+                                      f"checkpoint has {saved.get(key)!r}")
+        if not {"student", "critic"} <= set(manifest.get("roles") or {}):
+            raise CheckpointError(f"checkpoint.path {ck.path} lacks the student and critic roles of a Stage2 run")
+        trainer = json.loads((Path(ck.path) / "trainer.json").read_text())
+        teacher_src = trainer.get("teacher")
+        if teacher_src is not None:  # the frozen teacher is not saved: its recorded source must still verify
+            t_manifest = require_valid(teacher_src["path"], "the recorded teacher source")
+            problem = _role_problem("teacher", t_manifest, cfg, route.family, stage="stage0p5",
+                                    objective=_fm_objective(route.family), weights=teacher_src["weights"])
+            if problem:
+                raise CheckpointError(f"teacher source {teacher_src['path']}: {problem}")
+        sources = {"teacher": teacher_src}
+    elif ck.mode == "roles":
+        check_roles(cfg, route)
+        sources = {r: {"path": getattr(ck.roles, r).path, "weights": getattr(ck.roles, r).weights}
+                   for r in ("student", "teacher", "critic")}
+    else:  # none: seeded random roles (tiny smoke runs)
+        sources = {}
+    torch.manual_seed(cfg.train.seed)
+    random.seed(cfg.train.seed * 1_000_003 + rank)
+    models = {}
+    for role in ("student", "teacher", "critic"):
+        model = model_from_config(cfg, device="cpu")
+        if cfg.model.pretrained_path and cfg.model.training_mode == "lora":
+            _load_base(model, cfg.model.family, cfg.model.pretrained_path)
+        models[role] = model
+    if resume:
+        path = Path(ck.path)
+        for role in ("student", "critic"):
+            try:
+                load_into(models[role], _role_weights(path, role, models[role]), where=f"checkpoint.path {path} ({role})")
+            except WeightsError as exc:
+                raise CheckpointError(str(exc)) from None
+        if sources["teacher"] is not None:  # None: the run started from seeded random roles
+            _load(models["teacher"], sources["teacher"]["path"], sources["teacher"]["weights"], drop_delta=False,
+                  where=f"teacher source {sources['teacher']['path']}")
+    elif sources:
+        _load(models["student"], sources["student"]["path"], sources["student"]["weights"], drop_delta=True,
+              where=f"checkpoint.roles.student.path {sources['student']['path']}")
+        for role in ("teacher", "critic"):
+            _load(models[role], sources[role]["path"], sources[role]["weights"], drop_delta=False,
+                  where=f"checkpoint.roles.{role}.path {sources[role]['path']}")
+    teacher = models["teacher"].to(device).eval()
+    for p in teacher.parameters():
+        p.requires_grad_(False)
+    for role in ("student", "critic"):
+        models[role].to(device)
+        if sp is not None and sp.size > 1:
+            models[role].set_sequence_parallel(sp)
+    if sp is not None and sp.size > 1:
+        teacher.set_sequence_parallel(sp)
+    if cfg.distributed.activation_checkpointing:
+        from solar.train import parallelize
+
+        for role in ("student", "critic"):
+            parallelize.apply_activation_checkpointing(models[role])
+    student = _role(models["student"], cfg.train.optimizer)
+    critic = _role(models["critic"], cfg.train.sgf.critic_optimizer or cfg.train.optimizer)
+    e = cfg.train.ema
+    ema = EMA(student.params, decay=e.decay, start_step=e.start_step, warmup_steps=e.warmup_steps, enabled=e.enabled)
+    start_step, student_step, data_state = 0, 0, None
+    if resume:
+        path = Path(ck.path)
+        io.load_optimizer(path, "student", student.optimizer, student.names)
+        io.load_optimizer(path, "critic", critic.optimizer, critic.names)
+        if trainer["ema"].get("exists"):
+            from safetensors.torch import load_file
+
+            ema.load(load_file(path / "student" / "ema.safetensors"), trainer["ema"])
+        start_step, student_step = trainer["step"], trainer["student_step"]
+        if student_step != dmd.student_step_after(start_step, cfg.train.sgf.critic_updates_per_student):
+            raise CheckpointError(f"checkpoint.path {path}: student step {student_step} does not follow outer step "
+                                  f"{start_step}")
+        data_state = io.load_rank_state(path, rank)
+        init = {"mode": "full_resume", "sources": [{"role": "student+critic", "path": ck.path, "step": start_step}]}
+    else:
+        init = {"mode": ck.mode, "sources": [{"role": r, **s} for r, s in sources.items()]}
+    if start_step >= cfg.train.max_steps:
+        raise CheckpointError(f"checkpoint.path {ck.path} is at step {start_step}; train.max_steps="
+                              f"{cfg.train.max_steps} leaves nothing to do")
+    stream = train_stream(cfg, rank, data_state)
+    parts = Parts(student.model, student.names, student.params, student.optimizer, ema, stream, start_step, init,
+                  adapter_only=bool(cfg.model.pretrained_path) and cfg.model.training_mode == "lora")
+    state = Stage2(resolved, teacher, critic, student_step, sources.get("teacher"))
+    return parts, state
+
+
+def _role_weights(path: Path, role: str, model) -> dict[str, torch.Tensor]:
+    tensors = io.load_weights(path, role, "live")
+    if read_manifest(path).get("trainer_state", {}).get("adapter_only"):
+        tensors = {**{k: v for k, v in model.state_dict().items() if ".lora_" not in k}, **tensors}
+    return tensors
+
+
+# --- the rollout and the two losses -------------------------------------------------------------
+
+@contextlib.contextmanager
+def _without_sp(model):
+    saved = getattr(model, "sp", None)
+    model.sp = None
+    try:
+        yield
+    finally:
+        model.sp = saved
+
+
+@dataclass
+class Conditions:
+    """What every forward of one micro-batch shares."""
+
+    prompt: torch.Tensor
+    negative: torch.Tensor | None
+    cameras: torch.Tensor          # [B, R, 4, 4] (the track's last camera repeated past its end)
+    first: torch.Tensor | None     # Wan: the clean image-condition latent [B, C, h, w]
+    anchor: torch.Tensor | None    # H3
+    audio: torch.Tensor | None
+    t_audio: torch.Tensor | None
+
+
+class Stage2:
+    def __init__(self, resolved, teacher, critic: Role, student_step: int, teacher_source: dict | None) -> None:
+        self.resolved, self.teacher, self.critic = resolved, teacher, critic
+        self.student_step = student_step
+        self.teacher_source = teacher_source
+        cfg = resolved.config
+        self.h3 = cfg.model.family == "minimax_h3"
+        self.sgf = cfg.train.sgf
+        self.levels = dmd.denoising_levels(list(self.sgf.denoising_steps), cfg.model.timestep_shift)
+        self.negative = None
+        if not self.h3 and (self.sgf.real_guidance_scale or 1.0) != 1.0:
+            from solar.train.objective import negative_prompt
+
+            self.negative = negative_prompt(cfg)
+
+    # conventions: every model below returns a velocity in sigma (dx/dsigma), fed levels in raw units
+    def _velocity(self, model, x, level_BF, cond: Conditions, *, negative=False, chunk=None, cache=None,
+                  clean=None, cams=None):
+        prompt = cond.negative[None].expand(x.shape[0], -1, -1).to(x) if negative else cond.prompt
+        if self.h3:
+            t = 1.0 - level_BF / N
+            if cache is not None:
+                return -model.forward_chunk(x, t, cache, cameras=cams)
+            if clean is not None:
+                return -model.forward_teacher_forcing(clean, x, t, prompt, anchor=cond.anchor, audio=cond.audio,
+                                                      audio_timestep=cond.t_audio, cameras=cams)
+            return -model(x, t[:, 0], prompt, anchor=cond.anchor, audio=cond.audio, audio_timestep=cond.t_audio,
+                          cameras=cams)
+        if cache is not None:
+            return model.forward_chunk(x, level_BF, cache, cameras=cams)
+        if clean is not None:
+            return model.forward_teacher_forcing(clean, x, level_BF, prompt, cameras=cams)
+        return model(x, level_BF, prompt, cameras=cams)
+
+    def _conditions(self, batch: Batch, gen: torch.Generator) -> Conditions:
+        cfg = self.resolved.config
+        x0 = batch.latents
+        B, device = x0.shape[0], x0.device
+        R = self.sgf.rollout_latents
+        cams = batch.cameras
+        if cams.shape[1] < R:
+            cams = torch.cat([cams, cams[:, -1:].expand(-1, R - cams.shape[1], -1, -1)], dim=1)
+        cams = cams[:, :R]
+        anchor = audio = t_audio = None
+        if self.h3:
+            k = cfg.train.fm.keyframe_anchor_t
+            anchor = k * x0[:, :, :1] + (1 - k) * torch.randn(x0[:, :, :1].shape, generator=gen).to(device)
+            if self.audio_silence is not None:
+                silence = self.audio_silence.to(device).expand(B, *self.audio_silence.shape)
+                audio_eps = torch.randn(silence.shape, generator=gen).to(device)
+                t_audio = fm.sample_h3_times(B, cfg.model.audio_timestep_shift, gen).to(device)
+                audio = fm.noisy_h3(silence, audio_eps, t_audio)
+        negative = None if self.negative is None else self.negative.to(device)
+        return Conditions(batch.prompt, negative, cams, None if self.h3 else x0[:, :, 0], anchor, audio, t_audio)
+
+    def _pin(self, x: torch.Tensor, cond: Conditions, start: int = 0) -> torch.Tensor:
+        if cond.first is not None and start == 0:
+            x = x.clone()
+            x[:, :, 0] = cond.first
+        return x
+
+    def rollout(self, student, batch: Batch, cond: Conditions, gen: torch.Generator, *, grad: bool) -> torch.Tensor:
+        """The student's rollout [B, C, R, h, w]: no-grad chunked pass to each chunk's exit, then
+        (with ``grad``) the teacher-forced replay that carries the gradient."""
+        x0 = batch.latents
+        B, C, _, h, w = x0.shape
+        device = x0.device
+        R, k = self.sgf.rollout_latents, student.cfg.chunk_latents
+        chunks = R // k
+        noise = torch.randn((B, C, R, h, w), generator=gen).to(device)
+        exits = torch.randint(0, len(self.levels), (chunks,), generator=gen).tolist()
+        committed = torch.zeros_like(noise)
+        at_exit = torch.zeros_like(noise)
+        exit_level = torch.zeros(B, R, device=device)
+        with torch.no_grad(), _without_sp(student):
+            if self.h3:
+                cache = student.new_cache(cond.prompt, anchor=cond.anchor, audio=cond.audio,
+                                          audio_timestep=1.0 if cond.t_audio is None else cond.t_audio,
+                                          anchor_camera=cond.cameras[:, :1], height=h, width=w)
+            else:
+                cache = student.new_cache(cond.prompt)
+            for c in range(chunks):
+                lo, hi = c * k, (c + 1) * k
+                cams = cond.cameras[:, lo:hi]
+                x = self._pin(noise[:, :, lo:hi], cond, lo)
+                for i, level in enumerate(self.levels[:exits[c] + 1]):
+                    t = torch.full((B, k), level, device=device)
+                    if cond.first is not None and lo == 0:
+                        t[:, 0] = 0.0
+                    if i == exits[c]:
+                        at_exit[:, :, lo:hi] = x
+                        exit_level[:, lo:hi] = t
+                    v = self._velocity(student, x, t, cond, cache=cache, cams=cams)
+                    x0_hat = self._pin(x - (t / N)[:, None, :, None, None] * v, cond, lo)
+                    if i < exits[c]:
+                        nxt = self.levels[i + 1] / N
+                        fresh = torch.randn(x0_hat.shape, generator=gen).to(device)
+                        x = self._pin((1 - nxt) * x0_hat + nxt * fresh, cond, lo)
+                committed[:, :, lo:hi] = x0_hat
+                student.commit_chunk(x0_hat, cache, cameras=cams)
+        if not grad:
+            return committed
+        v = self._velocity(student, at_exit, exit_level, cond, clean=committed, cams=cond.cameras)
+        return self._pin(at_exit - (exit_level / N)[:, None, :, None, None] * v, cond)
+
+    def _score_noise(self, x: torch.Tensor, cond: Conditions, gen: torch.Generator):
+        B, S = x.shape[0], x.shape[2]
+        level = dmd.score_levels(B, self.resolved.config.model.timestep_shift, gen, low=self.sgf.score_timestep_min,
+                                 high=self.sgf.score_timestep_max).to(x.device)
+        eps = torch.randn(x.shape, generator=gen).to(x.device)
+        s = (level / N)[:, None, None, None, None]
+        noisy = self._pin((1 - s) * x + s * eps, cond)
+        level_f = level[:, None].expand(B, S).clone()
+        if cond.first is not None:
+            level_f[:, 0] = 0.0
+        return noisy, level_f, eps
+
+    def _mask(self, x: torch.Tensor) -> torch.Tensor:
+        mask = torch.ones(x.shape[0], 1, x.shape[2], 1, 1, dtype=torch.bool, device=x.device)
+        if not self.h3:
+            mask[:, :, 0] = False   # the image condition
+        return mask
+
+    def student_loss(self, student, batch: Batch, gen: torch.Generator) -> tuple[torch.Tensor, dict]:
+        cond = self._conditions(batch, gen)
+        S = self.sgf.supervised_latents
+        output = self.rollout(student, batch, cond, gen, grad=True)[:, :, :S]
+        cams = cond.cameras[:, :S]
+        noisy, level_f, _ = self._score_noise(output.detach(), cond, gen)
+        sig = (level_f / N)[:, None, :, None, None]
+        with torch.no_grad():
+            fake = noisy - sig * self._velocity(self.critic.model, noisy, level_f, cond, cams=cams)
+            real = noisy - sig * self._velocity(self.teacher, noisy, level_f, cond, cams=cams)
+            g = self.sgf.real_guidance_scale or 1.0
+            if g != 1.0:
+                uncond = noisy - sig * self._velocity(self.teacher, noisy, level_f, cond, negative=True, cams=cams)
+                real = dmd.guided(real, uncond, g)
+            mask = self._mask(output)
+            gradient = dmd.kl_gradient(fake, real, output, mask)
+        loss = dmd.student_loss(output, gradient, mask)
+        return loss, {"dmd_gradient": float(gradient.abs().mean()), "score_level": float(level_f[:, -1].mean())}
+
+    def critic_loss(self, student, batch: Batch, gen: torch.Generator) -> tuple[torch.Tensor, dict]:
+        cond = self._conditions(batch, gen)
+        S = self.sgf.supervised_latents
+        output = self.rollout(student, batch, cond, gen, grad=False)[:, :, :S]
+        noisy, level_f, eps = self._score_noise(output, cond, gen)
+        v = self._velocity(self.critic.model, noisy, level_f, cond, cams=cond.cameras[:, :S])
+        return dmd.critic_loss(v, eps - output, self._mask(output)), {"score_level": float(level_f[:, -1].mean())}
+
+    # --- one outer step --------------------------------------------------------------------
+    audio_silence: torch.Tensor | None = None
+
+    def _batches(self, loop, step: int):
+        cfg, d = self.resolved.config, loop.dist
+        for micro in range(cfg.train.gradient_accumulation):
+            error, batch = None, None
+            try:
+                batch = collate([loop.parts.stream.next_clip() for _ in range(cfg.train.micro_batch_size)]).to(d.device)
+            except Exception as exc:  # noqa: BLE001 - reported to every rank
+                error = f"{type(exc).__name__}: {exc}"
+            d.exchange_error(error, "data" if error and "DataError" in error else "error")
+            if d.sp > 1:
+                digests = d.all_gather_object(batch.digest(), "sp-identity", group=d.sp_group)
+                if len(set(digests)) != 1:
+                    raise CollectiveFailure(f"SP peers of dp rank {d.dp_rank} read different micro-batches at step "
+                                            f"{step}", "sp_mismatch")
+            yield micro, batch
+
+    def _update(self, loop, step: int, role: str, model, params, optimizer, opt_cfg, lr: float, loss_fn):
+        from solar.train.engine import sync_and_clip
+
+        cfg, d = self.resolved.config, loop.dist
+        accum = cfg.train.gradient_accumulation
+        for group in optimizer.param_groups:
+            group["lr"] = lr
+        optimizer.zero_grad(set_to_none=True)
+        total, extra, records = 0.0, {}, []
+        for micro, batch in self._batches(loop, step):
+            gen = fm.step_generator(cfg.train.seed, step, d.dp_rank, micro, purpose=role)
+            loop.heartbeat.update(phase=f"{role}-forward", step=step)
+            loss, extra = loss_fn(loop.parts.model, batch, gen)
+            loop.heartbeat.update(phase=f"{role}-backward", step=step)
+            (loss / accum).backward()
+            total += float(loss.detach()) / accum
+            records += [{**ident, "role": role} for ident in batch.identities]
+        bad = None if math.isfinite(total) else f"non-finite {role} loss {total} at step {step}"
+        d.exchange_error(bad, "non_finite")
+        loop.heartbeat.update(phase="grad-sync", step=step)
+        norm = sync_and_clip(d, params, opt_cfg.grad_clip, False)
+        if not math.isfinite(norm):
+            raise CollectiveFailure(f"non-finite {role} gradient norm {norm} at step {step}; the step was refused",
+                                    "non_finite")
+        optimizer.step()
+        return total, norm, extra, records
+
+    def step(self, loop, step: int) -> dict:
+        cfg, d, p = self.resolved.config, loop.dist, loop.parts
+        started = time.perf_counter()
+        self.audio_silence = loop.audio_silence
+        ratio = self.sgf.critic_updates_per_student
+        critic_opt = self.sgf.critic_optimizer or cfg.train.optimizer
+        student_max = max(1, dmd.student_step_after(cfg.train.max_steps, ratio))
+        event = {"step": step, "student_updated": False}
+        records = []
+        p.model.train()
+        self.critic.model.train()
+        if dmd.student_updates(step, ratio):
+            lr = lr_at(self.student_step + 1, cfg.train.optimizer, student_max)
+            loss, norm, extra, recs = self._update(loop, step, "student", p.model, p.params, p.optimizer,
+                                                   cfg.train.optimizer, lr, self.student_loss)
+            self.student_step += 1
+            p.ema.update(self.student_step)
+            records += recs
+            event.update(student_updated=True, student_loss=loss, student_grad_norm=norm, student_lr=lr,
+                         dmd_gradient=extra["dmd_gradient"])
+        lr = lr_at(step, critic_opt, cfg.train.max_steps)
+        loss, norm, _, recs = self._update(loop, step, "critic", self.critic.model, self.critic.params,
+                                           self.critic.optimizer, critic_opt, lr,
+                                           lambda student, batch, gen: self.critic_loss(student, batch, gen))
+        records += recs
+        seconds = time.perf_counter() - started
+        total = torch.tensor([loss], device=d.device if d.backend == "nccl" else "cpu")
+        d.all_reduce(total, "loss-mean")
+        mean = float(total) / d.world
+        losses = {"critic": loss}
+        if event["student_updated"]:
+            losses["student"] = event["student_loss"]
+        event.update(loss=loss, loss_mean=mean, losses=losses, grad_norm=norm, lr=lr, step_seconds=seconds,
+                     student_step=self.student_step, samples=records, ema=p.ema.exists)
+        loop.events.write("step", **event)
+        loop.last = {"step": step, "loss": mean, "grad_norm": norm, "step_seconds": seconds,
+                     "student_step": self.student_step}
+        if loop.metrics is not None:
+            m = loop.metrics
+            m.step.set(step)
+            for term, value in losses.items():
+                m.loss.labels(term=term).set(value)
+            m.grad_norm.set(norm)
+            m.step_seconds.observe(seconds)
+        return event
+
+    # --- checkpoints -------------------------------------------------------------------------
+    def write(self, loop, partial: Path, step: int) -> tuple[dict, dict]:
+        d, p = loop.dist, loop.parts
+        shadow, meta = p.ema.state()
+        student = io.snapshot(p.model, p.optimizer, p.names, sharded=False, adapter_only=p.adapter_only, ema=shadow)
+        critic = io.snapshot(self.critic.model, self.critic.optimizer, self.critic.names, sharded=False,
+                             adapter_only=p.adapter_only, ema=None)
+        roles = {}
+        if d.rank == 0:
+            roles["student"] = {"weights": ["live", "ema"] if p.ema.exists else ["live"],
+                                "members": io.save_role(partial, "student", student, p.names)}
+            roles["critic"] = {"weights": ["live"], "members": io.save_role(partial, "critic", critic,
+                                                                            self.critic.names)}
+            io.write_trainer(partial, {"step": step, "student_step": self.student_step, "ema": meta,
+                                       "teacher": self.teacher_source})
+        return roles, {"step": step, "student_step": self.student_step, "adapter_only": p.adapter_only,
+                       "base": self.resolved.config.model.pretrained_path, "ema_exists": p.ema.exists,
+                       "teacher": self.teacher_source}
