@@ -115,6 +115,12 @@ def cmd_infer(args: argparse.Namespace) -> int:
     return infer(args.config, args.set)
 
 
+def cmd_run(args: argparse.Namespace) -> int:
+    from solar.local.executor import run_manifest
+
+    return run_manifest(args.manifest, workdir=args.workdir, nproc=args.nproc)
+
+
 def cmd_checkpoint_verify(args: argparse.Namespace) -> int:
     from solar.storage.checkpoints import verify
 
@@ -224,6 +230,14 @@ def build_parser() -> argparse.ArgumentParser:
     infer_p.add_argument("--config", required=True, metavar="PATH")
     infer_p.add_argument("--set", action="append", default=[], metavar="KEY=VALUE")
     infer_p.set_defaults(func=cmd_infer)
+
+    run_p = verbs.add_parser("run", help="run a SolarRun manifest on this machine (no cluster)")
+    run_p.add_argument("manifest", metavar="MANIFEST")
+    run_p.add_argument("--workdir", default="solar-runs", metavar="DIR",
+                       help="where runs live: DIR/<metadata.name>/ (default: solar-runs)")
+    run_p.add_argument("--nproc", type=int, default=None, metavar="N",
+                       help="processes per stage, overriding spec.topology.gpusPerNode")
+    run_p.set_defaults(func=cmd_run)
 
     ck = verbs.add_parser("checkpoint", help="verify and list checkpoints")
     ck_verbs = ck.add_subparsers(dest="checkpoint_verb", metavar="ACTION", parser_class=_Parser)

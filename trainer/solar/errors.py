@@ -22,7 +22,13 @@ class SolarError(Exception):
 
 
 class ConfigError(SolarError):
-    """A run configuration (or a ``--set`` edit of it) is invalid."""
+    """A run configuration (or a ``--set`` edit of it) is invalid. ``reason`` classifies it the way
+    a SolarRun's ``Validated`` condition reports it: UnsupportedRoute, UnresolvedPlaceholder,
+    TopologyMismatch or InvalidSpec."""
+
+    def __init__(self, message: str, reason: str = "InvalidSpec") -> None:
+        super().__init__(message)
+        self.reason = reason
 
 
 class DataError(SolarError):

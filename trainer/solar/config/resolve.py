@@ -10,6 +10,7 @@ the trainer all act on.
 
 from __future__ import annotations
 
+import contextlib
 import os
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
@@ -72,16 +73,18 @@ def resolve_tree(tree: dict[str, Any], *, source: str, source_digest: str,
     reject_inline_credentials(merged)
     expanded = loader.expand_env(merged, environ)
     cfg = validate_tree(expanded)
-    route = contracts.derive_route(cfg, expected_action)
+    with _reason("UnsupportedRoute"):
+        route = contracts.derive_route(cfg, expected_action)
     contracts.check_applicability(cfg, route)
     cfg = contracts.fill_defaults(cfg, route)
     contracts.check_values(cfg, route)
     dims = contracts.effective_dims(cfg)
-    topology.check_family_rules(
-        family=route.family, profile=cfg.model.profile, action=cfg.action, stage=route.stage,
-        sp=cfg.distributed.sequence_parallel_size, num_heads=dims.num_heads,
-        latent_frames=contracts.latent_frames(cfg))
-    topo = _topology(cfg)
+    with _reason("TopologyMismatch"):
+        topology.check_family_rules(
+            family=route.family, profile=cfg.model.profile, action=cfg.action, stage=route.stage,
+            sp=cfg.distributed.sequence_parallel_size, num_heads=dims.num_heads,
+            latent_frames=contracts.latent_frames(cfg))
+        topo = _topology(cfg)
     if cfg.action == "train" and cfg.train.global_batch_size is None:
         cfg = cfg.model_copy(update={
             "train": cfg.train.model_copy(update={"global_batch_size": topo.global_batch_size})})
@@ -90,9 +93,17 @@ def resolve_tree(tree: dict[str, Any], *, source: str, source_digest: str,
     if pending:
         raise ConfigError(
             f"unresolved placeholders in fields this {cfg.action} run reads: {', '.join(pending)}; "
-            "supply them with --set KEY=VALUE"
-        )
+            "supply them with --set KEY=VALUE", reason="UnresolvedPlaceholder")
     return Resolved(source, source_digest, route, topo, cfg)
+
+
+@contextlib.contextmanager
+def _reason(reason: str):
+    """Tag the ConfigErrors of one pipeline step with the reason a SolarRun reports."""
+    try:
+        yield
+    except ConfigError as exc:
+        raise ConfigError(exc.message, reason=reason) from None
 
 
 def _topology(cfg: RunConfig) -> Topology:

@@ -1,0 +1,197 @@
+"""The SolarRun state machine, transition by transition (pure: observations in, status out)."""
+
+from __future__ import annotations
+
+import copy
+
+import pytest
+import yaml
+
+from solar.run.machine import JobState, Observation, reconcile
+from solar.run.observe import StageFiles
+from solar.run.plan import RunInvalid, plan_run
+from solar.run.spec import SolarRun
+from tests.conftest import REPO
+
+MANIFEST = yaml.safe_load((REPO / "examples" / "solarrun-tiny.yaml").read_text())
+T0 = 1_800_000_000.0
+
+
+def _spec(**policy):
+    doc = copy.deepcopy(MANIFEST)
+    doc["spec"]["runPolicy"].update(policy)
+    return SolarRun.model_validate(doc).spec
+
+
+PLAN = plan_run(_spec(), "/runs/tiny-wan", repo=REPO, environ={})
+
+
+def _done(stage, *, final=True, validation="complete", result="complete", problem=None):
+    p = PLAN.stage(stage)
+    path = f"{p.stage_dir}/checkpoints/step_{p.final_step:08d}" if p.final_step else None
+    return StageFiles(exists=True, launched=True, result=result,
+                      latest=(p.final_step, path) if final and p.final_step else None,
+                      final_problem=problem, validation=(p.validation_step or 0, validation) if validation else None,
+                      last_activity=T0)
+
+
+class Sim:
+    """Drives reconcile like an executor: carries out its actions on a fake job table."""
+
+    def __init__(self, spec=None):
+        self.spec = spec or _spec()
+        self.status = None
+        self.jobs: dict[str, JobState] = {}
+        self.files: dict[str, StageFiles] = {}
+        self.now = T0
+        self.created, self.deleted, self.events = [], [], []
+
+    def step(self, invalid=None, generation=1):
+        obs = Observation("tiny-wan", generation, self.now, plan=None if invalid else PLAN, invalid=invalid,
+                          jobs=dict(self.jobs), files=dict(self.files))
+        d = reconcile(self.spec, self.status, obs)
+        for a in d.actions:
+            if a.kind == "create_job":
+                self.created.append(a)
+                self.jobs[a.stage] = JobState(a.job, "Created")
+            else:
+                self.deleted.append(a)
+                self.jobs.pop(a.stage, None)
+        self.events += d.events
+        self.status = d.status
+        return d
+
+    def condition(self, type_):
+        return next(c for c in self.status.conditions if c.type == type_)
+
+    def succeed(self, stage, **files):
+        self.jobs[stage] = JobState(self.jobs[stage].name, "Succeeded")
+        self.files[stage] = _done(stage, **files)
+
+
+def test_a_run_advances_stage_by_stage_to_succeeded():
+    sim = Sim()
+    d = sim.step()
+    assert [a.stage for a in d.actions] == ["fm"] and d.actions[0].job == "tiny-wan-fm"
+    assert sim.status.phase == "Running" and sim.status.currentStage == "fm"
+    assert sim.condition("Validated").status == "True" and sim.condition("Progressing").reason == "StageStarted"
+    assert sim.status.topology.worldSize == 1 and sim.status.stages[0].attempt == 1
+    sim.jobs["fm"] = JobState("tiny-wan-fm", "Running")
+    sim.step()
+    assert sim.status.stages[0].phase == "Running" and not sim.created[1:]
+    for stage, nxt in (("fm", "anyflow"), ("anyflow", "dmd"), ("dmd", "generate")):
+        sim.succeed(stage)
+        d = sim.step()
+        assert sim.status.stage(stage).phase == "Succeeded"
+        assert sim.status.stage(stage).checkpoint.step == PLAN.stage(stage).final_step
+        assert sim.status.stage(stage).validation.complete
+        assert [a.stage for a in d.actions] == [nxt] and sim.status.currentStage == nxt  # the next job at once
+        assert d.actions[0].resume_from is None
+    sim.succeed("generate")
+    sim.step()
+    assert sim.status.phase == "Succeeded" and sim.condition("Ready").status == "True"
+    assert [e[1] for e in sim.events].count("StageSucceeded") == 4 and sim.events[-1][1] == "Completed"
+    before = sim.status.model_dump()
+    assert not sim.step().actions and sim.status.model_dump() == before  # final
+
+
+@pytest.mark.parametrize("reason", ["UnsupportedRoute", "UnresolvedPlaceholder", "TopologyMismatch", "InvalidInit",
+                                    "InvalidSpec"])
+def test_an_invalid_run_fails_without_a_job(reason):
+    sim = Sim()
+    d = sim.step(invalid=RunInvalid(reason, "spec.stages[1] (anyflow): something", "anyflow"))
+    assert not d.actions and sim.status.phase == "Failed"
+    assert (sim.condition("Validated").status, sim.condition("Validated").reason) == ("False", reason)
+    assert sim.condition("Failed").reason == reason and sim.status.stage("anyflow").phase == "Failed"
+    assert d.events[-1][0] == "Warning"
+
+
+@pytest.mark.parametrize("files, reason", [
+    (dict(problem="CheckpointMissing: /runs/tiny-wan/fm/checkpoints/step_00000004 does not exist"), "CheckpointMissing"),
+    (dict(problem="CheckpointIncomplete: ...: no COMPLETE.json"), "CheckpointIncomplete"),
+    (dict(problem="CheckpointUnverifiable: ...: member model/live.safetensors has 3 bytes"), "CheckpointUnverifiable"),
+    (dict(validation=None), "ValidationIncomplete"),
+    (dict(result="failed"), "ResultIncomplete"),
+])
+def test_a_succeeded_job_does_not_make_a_succeeded_stage_without_its_files(files, reason):
+    sim = Sim()
+    sim.step()
+    sim.succeed("fm", **files)
+    d = sim.step()
+    assert not d.actions and sim.status.phase == "Failed"
+    assert sim.status.stage("fm").phase == "Failed" and sim.status.stage("fm").reason == reason
+    assert sim.condition("Failed").reason == reason
+
+
+def test_failed_jobs_retry_from_the_last_checkpoint_until_the_backoff_limit():
+    sim = Sim(_spec(backoffLimit=1))
+    sim.step()
+    sim.files["fm"] = StageFiles(exists=True, launched=True, result="failed",
+                                 latest=(2, "/runs/tiny-wan/fm/checkpoints/step_00000002"), last_activity=T0)
+    sim.jobs["fm"] = JobState("tiny-wan-fm", "Failed", "exit code 1")
+    d = sim.step()
+    assert [(a.kind, a.stage) for a in d.actions] == [("delete_job", "fm")]
+    assert sim.condition("Progressing").reason == "StageRetrying" and sim.status.phase == "Running"
+    d = sim.step()  # the job is gone: the next attempt resumes
+    assert d.actions[0].kind == "create_job" and d.actions[0].attempt == 2
+    assert d.actions[0].resume_from == "/runs/tiny-wan/fm/checkpoints/step_00000002"
+    sim.jobs["fm"] = JobState("tiny-wan-fm", "Failed", "exit code 1")
+    sim.step()
+    assert sim.status.phase == "Failed" and sim.condition("Failed").reason == "BackoffLimitExceeded"
+    assert "failed 2 times" in sim.status.stage("fm").message
+
+
+def test_a_retry_waits_for_the_old_job_to_go_and_refuses_a_used_directory_without_checkpoint():
+    sim = Sim()
+    sim.step()
+    sim.jobs["fm"] = JobState("tiny-wan-fm", "Failed", deleting=True)
+    assert not sim.step().actions
+    sim.jobs.pop("fm")
+    sim.files["fm"] = StageFiles(exists=True, launched=True, result="failed")
+    sim.step()
+    assert sim.status.phase == "Failed" and sim.condition("Failed").reason == "NothingToResume"
+
+
+def test_progress_deadline_fails_a_silent_stage_and_deletes_its_job():
+    sim = Sim(_spec(progressDeadlineSeconds=600))
+    sim.step()
+    sim.jobs["fm"] = JobState("tiny-wan-fm", "Running")
+    sim.files["fm"] = StageFiles(exists=True, launched=True, last_activity=T0 + 100)
+    sim.now = T0 + 650
+    assert not sim.step().actions and sim.status.phase == "Running"  # heartbeat 550 s ago
+    sim.now = T0 + 701
+    d = sim.step()
+    assert [(a.kind, a.stage) for a in d.actions] == [("delete_job", "fm")]
+    assert sim.condition("Failed").reason == "ProgressDeadlineExceeded"
+
+
+def test_suspend_deletes_the_job_and_resume_continues_from_the_checkpoint():
+    sim = Sim()
+    sim.step()
+    sim.succeed("fm")
+    sim.step()
+    sim.jobs["anyflow"] = JobState("tiny-wan-anyflow", "Running")
+    sim.files["anyflow"] = StageFiles(exists=True, launched=True, latest=(2, "/runs/tiny-wan/anyflow/checkpoints/step_00000002"),
+                                      last_activity=T0)
+    sim.spec = _spec(suspend=True)
+    d = sim.step(generation=2)
+    assert [(a.kind, a.stage) for a in d.actions] == [("delete_job", "anyflow")]
+    assert sim.status.phase == "Suspended" and sim.status.stage("anyflow").phase == "Suspended"
+    assert sim.condition("Suspended").status == "True" and sim.status.observedGeneration == 2
+    assert not sim.step(generation=2).actions  # stays suspended
+    sim.spec = _spec(suspend=False)
+    d = sim.step(generation=3)
+    assert d.actions[0].kind == "create_job" and d.actions[0].resume_from.endswith("step_00000002")
+    assert sim.condition("Suspended").status == "False" and sim.status.phase == "Running"
+    assert sim.status.stage("anyflow").failures == 0  # suspending costs no retry
+    assert sim.status.step == 2
+
+
+def test_conditions_keep_their_transition_time_while_unchanged():
+    sim = Sim()
+    sim.step()
+    first = sim.condition("Validated").lastTransitionTime
+    sim.now += 120
+    sim.jobs["fm"] = JobState("tiny-wan-fm", "Running")
+    sim.step()
+    assert sim.condition("Validated").lastTransitionTime == first

@@ -1,0 +1,101 @@
+"""SolarRun validation and stage planning: every stage resolved with the config library."""
+
+from __future__ import annotations
+
+import copy
+
+import pytest
+import yaml
+
+from solar.run.plan import RunInvalid, job_name, plan_run
+from solar.run.spec import SolarRun
+from tests.conftest import REPO
+
+MANIFEST = yaml.safe_load((REPO / "examples" / "solarrun-tiny.yaml").read_text())
+
+
+def _spec(edit=None):
+    doc = copy.deepcopy(MANIFEST)
+    if edit:
+        edit(doc["spec"])
+    return SolarRun.model_validate(doc).spec
+
+
+def _invalid(edit) -> RunInvalid:
+    with pytest.raises(RunInvalid) as info:
+        plan_run(_spec(edit), "/runs/tiny-wan", repo=REPO, environ={})
+    return info.value
+
+
+def test_the_tiny_manifest_plans_four_wired_stages():
+    plan = plan_run(_spec(), "/runs/tiny-wan", repo=REPO, environ={})
+    assert [(s.name, s.action, s.final_step) for s in plan.stages] == [
+        ("fm", "train", 4), ("anyflow", "train", 4), ("dmd", "train", 10), ("generate", "infer", None)]
+    anyflow, dmd, gen = plan.stages[1], plan.stages[2], plan.stages[3]
+    assert "checkpoint.path=/runs/tiny-wan/fm/checkpoints/step_00000004" in anyflow.sets
+    assert "checkpoint.mode=weights_only" in anyflow.sets and "checkpoint.weights=ema" in anyflow.sets
+    assert dmd.sets[-7:] == (
+        "checkpoint.mode=roles",
+        "checkpoint.roles.student.path=/runs/tiny-wan/anyflow/checkpoints/step_00000004",
+        "checkpoint.roles.student.weights=ema",
+        "checkpoint.roles.teacher.path=/runs/tiny-wan/fm/checkpoints/step_00000004",
+        "checkpoint.roles.teacher.weights=ema",
+        "checkpoint.roles.critic.path=/runs/tiny-wan/fm/checkpoints/step_00000004",
+        "checkpoint.roles.critic.weights=ema")
+    assert "checkpoint.path=/runs/tiny-wan/dmd/checkpoints/step_00000010" in gen.sets and gen.generation
+    assert "runtime.output_dir=/runs/tiny-wan/generate" in gen.sets
+    assert not any(s.startswith("train.") for s in gen.sets)  # batch fields only on training stages
+    assert plan.stages[0].validation_step == 4 and dmd.validation_step == 10
+    args = anyflow.arguments()
+    assert args[:5] == ["-m", "solar", "train", "--config", "configs/solar_wm/tiny/wan22_ti2v_5b/train_stage1_tf_anyflow_81f.yaml"]
+    assert all(a == "--set" for a in args[5::2])
+    resumed = anyflow.arguments(resume_from="/runs/tiny-wan/anyflow/checkpoints/step_00000002")
+    assert resumed[-4:] == ["--set", "checkpoint.mode=full_resume", "--set",
+                            "checkpoint.path=/runs/tiny-wan/anyflow/checkpoints/step_00000002"]
+    assert "checkpoint.weights=ema" not in resumed
+
+
+@pytest.mark.parametrize("edit, reason, fragment", [
+    (lambda s: s["stages"][0]["set"].append("train.stage=stage1"), "UnsupportedRoute", "spec.stages[0] (fm)"),
+    (lambda s: s["stages"][1].update(set=[]), "UnresolvedPlaceholder", "data.root"),
+    (lambda s: s["topology"].update(globalBatchSize=3), "TopologyMismatch", "global_batch_size"),
+    (lambda s: s["stages"][1]["init"]["model"].update(stage="nope"), "InvalidInit", "'nope' is not an earlier stage"),
+    (lambda s: s["stages"][1]["init"]["model"].update(stage="dmd"), "InvalidInit", "'dmd' is not an earlier stage"),
+    (lambda s: s["stages"][2].update(init={"model": {"stage": "anyflow", "weights": "ema"}}), "InvalidInit",
+     "Stage2 training initialises three roles"),
+    (lambda s: s["stages"][1].update(init={"student": {"stage": "fm", "weights": "ema"}}), "InvalidInit",
+     "give either model, or student, teacher and critic"),
+    (lambda s: s["stages"].append({"name": "again", "config": s["stages"][3]["config"], "set": s["stages"][3]["set"],
+                                   "init": {"model": {"stage": "generate", "weights": "ema"}}}), "InvalidInit",
+     "is an inference stage"),
+    (lambda s: s["stages"][0]["set"].append("runtime.output_dir=/elsewhere"), "InvalidSpec", "is set by the run"),
+    (lambda s: s["stages"][0]["set"].append("checkpoint.mode=none"), "InvalidSpec", "checkpoint.mode is set by the run"),
+    (lambda s: s["stages"][1].update(name="fm"), "InvalidSpec", "appears twice"),
+    (lambda s: s.update(family="minimax_h3"), "InvalidSpec", "spec.family is minimax_h3"),
+    (lambda s: s["stages"][0].update(config="configs/nope.yaml"), "InvalidSpec", "does not exist"),
+])
+def test_bad_runs_are_refused_with_a_reason(edit, reason, fragment):
+    err = _invalid(edit)
+    assert err.reason == reason, err.message
+    assert fragment in err.message
+
+
+def test_h3_sequence_parallel_rule_is_a_topology_mismatch():
+    def h3(spec):
+        spec.update(family="minimax_h3")
+        spec["stages"] = [{"name": "fm", "config": "configs/solar_wm/tiny/minimax_h3/train_stage0p5_fm_158f.yaml",
+                           "set": ["data.root=/d"]}]
+    err = _invalid(h3)  # world 1, SP 1: H3 trains with SP 2
+    assert err.reason == "TopologyMismatch" and "sequence" in err.message.lower()
+
+
+def test_job_names_are_dns_labels_within_63_characters_with_worker_suffixes():
+    assert job_name("tiny-wan", "fm") == "tiny-wan-fm"
+    long = job_name("a" * 50, "stage-with-a-long-name")
+    assert len(long) <= 51 and long == job_name("a" * 50, "stage-with-a-long-name")
+    assert len(long + "-worker-1023") <= 63
+    assert job_name("a" * 50, "stage-one") != job_name("a" * 50, "stage-two")
+    import re
+
+    for name in (long, job_name("x" * 60, "y" * 60)):
+        assert re.fullmatch(r"[a-z]([-a-z0-9]*[a-z0-9])?", name)

@@ -1,0 +1,1 @@
+"""Running SolarRuns on this machine (no cluster)."""

@@ -1,0 +1,179 @@
+"""``solar run MANIFEST``: a SolarRun on this machine, without a cluster (contract.md §5).
+
+The same validation, planner and state machine as the operator; each stage is a local
+``torchrun --standalone`` process group instead of a PyTorchJob. The run lives in
+``<workdir>/<metadata.name>/``: one directory per stage, ``logs/<stage>-<attempt>.log`` and
+``status.json`` (the resource's ``status``), replaced atomically after every transition. Running
+the same command again continues an unfinished run (a training stage resumes from its newest
+verified checkpoint); a finished run is left as it is. Ctrl-C stops only the process groups this
+command started.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import threading
+import time
+from pathlib import Path
+
+from solar.config.canonical import pretty_bytes
+from solar.errors import SolarError
+from solar.run.machine import JobState, Observation, reconcile
+from solar.run.observe import observe_stage
+from solar.run.plan import RunInvalid, RunPlan, StagePlan, plan_run
+from solar.run.spec import SolarRun, SolarRunStatus
+from solar.storage.atomic import write_replace
+
+POLL_SECONDS = 1.0
+
+
+def load_manifest(path: str) -> SolarRun:
+    from pydantic import ValidationError
+
+    from solar.config.loader import read_document
+
+    _, tree = read_document(path)
+    try:
+        return SolarRun.model_validate(tree)
+    except ValidationError as exc:
+        first = exc.errors()[0]
+        where = ".".join(str(p) for p in first["loc"])
+        raise SolarError(f"{path}: {where}: {first['msg']}") from None
+
+
+class LocalJob:
+    """One stage attempt as a process group, its output copied to a log and to stderr."""
+
+    def __init__(self, name: str, stage: str, argv: list[str], log: Path, echo) -> None:
+        self.name, self.stage = name, stage
+        log.parent.mkdir(parents=True, exist_ok=True)
+        self.log = open(log, "ab")
+        self.proc = subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, start_new_session=True,
+                                     env={**os.environ, "PYTHONUNBUFFERED": "1"})
+        self.tail: list[str] = []
+        self.pump = threading.Thread(target=self._pump, args=(echo,), daemon=True)
+        self.pump.start()
+
+    def _pump(self, echo) -> None:
+        for raw in self.proc.stdout:
+            self.log.write(raw)
+            self.log.flush()
+            line = raw.decode(errors="replace").rstrip()
+            self.tail = (self.tail + [line])[-20:]
+            if line.startswith("solar:"):
+                echo(f"  [{self.stage}] {line[len('solar:'):].strip()}")
+
+    def state(self) -> JobState:
+        code = self.proc.poll()
+        if code is None:
+            return JobState(self.name, "Running")
+        self.pump.join(timeout=5)
+        if code == 0:
+            return JobState(self.name, "Succeeded")
+        errors = [line for line in self.tail if "error" in line.lower()]
+        return JobState(self.name, "Failed", f"exit code {code}" + (f": {errors[-1]}" if errors else ""))
+
+    def stop(self) -> None:
+        if self.proc.poll() is None:
+            os.killpg(self.proc.pid, signal.SIGTERM)
+            try:
+                self.proc.wait(timeout=30)
+            except subprocess.TimeoutExpired:
+                os.killpg(self.proc.pid, signal.SIGKILL)
+                self.proc.wait()
+        self.log.close()
+
+
+def run_manifest(path: str, *, workdir: str = "solar-runs", nproc: int | None = None,
+                 echo=lambda m: print(m, file=sys.stderr, flush=True)) -> int:
+    manifest = load_manifest(path)
+    spec, name = manifest.spec, manifest.metadata.name
+    for where, t in [("spec.topology", spec.topology)] + [(f"spec.stages[{i}].topology", s.topology)
+                                                         for i, s in enumerate(spec.stages) if s.topology]:
+        if t.nodes != 1:
+            raise SolarError(f"{path}: {where}.nodes={t.nodes}; solar run executes single-node runs only (use the "
+                             "operator for more nodes)")
+    if nproc is not None:
+        if nproc < 1:
+            raise SolarError(f"--nproc must be >= 1, got {nproc}")
+        override = lambda t: t.model_copy(update={"gpusPerNode": nproc})  # noqa: E731
+        spec = spec.model_copy(update={
+            "topology": override(spec.topology),
+            "stages": [s.model_copy(update={"topology": override(s.topology)}) if s.topology else s
+                       for s in spec.stages]})
+    root = Path(workdir).resolve() / name
+    try:
+        plan = plan_run(spec, str(root), repo=Path.cwd())
+    except RunInvalid as exc:
+        raise SolarError(f"{path}: {exc.message} ({exc.reason})") from None
+    status_path = root / "status.json"
+    previous = SolarRunStatus.model_validate(json.loads(status_path.read_text())) if status_path.is_file() else None
+    if previous is not None and previous.phase in ("Succeeded", "Failed"):
+        echo(f"solar run: {name} already {previous.phase.lower()}; see {status_path}")
+        return 0 if previous.phase == "Succeeded" else 1
+    root.mkdir(parents=True, exist_ok=True)
+    echo(f"solar run: {name}: {len(plan.stages)} stages ({', '.join(s.name for s in plan.stages)}) in {root}")
+    jobs: dict[str, LocalJob] = {}
+    interrupted = []
+    handler = signal.signal(signal.SIGINT, lambda *_: interrupted.append(True))
+    try:
+        status = _loop(spec, name, plan, previous, jobs, status_path, root, echo, interrupted)
+    finally:
+        for job in jobs.values():
+            job.stop()
+        signal.signal(signal.SIGINT, handler)
+    if interrupted:
+        echo(f"solar run: interrupted; run the same command again to continue ({status_path})")
+        return 130
+    _summary(status, root, echo)
+    return 0 if status.phase == "Succeeded" else 1
+
+
+def _loop(spec, name: str, plan: RunPlan, status, jobs, status_path: Path, root: Path, echo, interrupted):
+    generation = 1
+    while not interrupted:
+        files = {p.name: observe_stage(p.stage_dir, final_step=p.final_step, validation_step=p.validation_step,
+                                       generation=p.generation) for p in plan.stages}
+        obs = Observation(name, generation, time.time(), plan=plan,
+                          jobs={s: j.state() for s, j in jobs.items()}, files=files)
+        decision = reconcile(spec, status, obs)
+        for action in decision.actions:
+            if action.kind == "delete_job":
+                jobs.pop(action.stage).stop()
+            elif action.kind == "create_job":
+                p = plan.stage(action.stage)
+                jobs[action.stage] = LocalJob(action.job, action.stage, _argv(p, action.resume_from),
+                                              root / "logs" / f"{action.stage}-{action.attempt}.log", echo)
+        for kind, reason, message in decision.events:
+            echo(f"solar run: {reason}: {message}")
+        changed = status is None or decision.status != status
+        status = decision.status
+        if changed:
+            write_replace(status_path, pretty_bytes(status.model_dump(mode="json", exclude_none=True)))
+        if status.phase in ("Succeeded", "Failed"):
+            return status
+        time.sleep(POLL_SECONDS)
+    return status
+
+
+def _argv(p: StagePlan, resume_from: str | None) -> list[str]:
+    return [sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc-per-node={p.nproc}",
+            *p.arguments(resume_from)]
+
+
+def _summary(status: SolarRunStatus, root: Path, echo) -> None:
+    echo(f"\nsolar run: {status.phase}")
+    for st in status.stages:
+        bits = [f"{st.name:<12} {st.phase:<10} attempt {st.attempt}"]
+        if st.checkpoint:
+            bits.append(f"checkpoint step {st.checkpoint.step}")
+        if st.validation:
+            bits.append(f"validation {'complete' if st.validation.complete else 'partial'}")
+        if st.message:
+            bits.append(st.message)
+        echo("  " + " | ".join(bits))
+    echo(f"  status: {root / 'status.json'}")

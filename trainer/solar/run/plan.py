@@ -1,0 +1,210 @@
+"""Validating a SolarRun and planning its stages (pure; shared by the operator and ``solar run``).
+
+Every stage's config is resolved with the library ``solar config resolve`` uses, after applying,
+in order, the stage's own ``set`` and the edits the run owns:
+
+    runtime.output_dir            <run root>/<stage>          (as the trainer sees it)
+    distributed.world_size        nodes * gpusPerNode
+    distributed.sequence_parallel_size, train.micro_batch_size, train.gradient_accumulation,
+    train.global_batch_size       from the stage's topology, else spec.topology (the batch fields on
+                                  training stages only)
+    checkpoint.*                  the init wiring: an earlier stage's final checkpoint
+                                  <run root>/<source>/checkpoints/step_<its train.max_steps>
+
+A stage's own ``set`` may not touch keys the run owns. Failures carry the reason the
+``Validated`` condition reports: UnsupportedRoute, UnresolvedPlaceholder, TopologyMismatch,
+InvalidInit or InvalidSpec.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import os
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from solar.errors import ConfigError
+from solar.run.spec import SolarRunSpec
+
+OWNED = ("runtime.output_dir", "distributed.world_size", "distributed.sequence_parallel_size",
+         "train.micro_batch_size", "train.gradient_accumulation", "train.global_batch_size", "checkpoint")
+
+
+class RunInvalid(Exception):
+    def __init__(self, reason: str, message: str, stage: str | None = None) -> None:
+        super().__init__(message)
+        self.reason, self.message, self.stage = reason, message, stage
+
+
+@dataclass(frozen=True)
+class StagePlan:
+    name: str
+    index: int
+    action: str                      # train | infer
+    route: str
+    config: str
+    sets: tuple[str, ...]            # every --set, in order (stage's own, then the run's)
+    stage_dir: str                   # as the trainer sees it
+    final_step: int | None           # training: the checkpoint that must verify at the end
+    validation_step: int | None      # the last step whose validation COMPLETE.json must exist
+    generation: bool                 # inference: generation/COMPLETE.json must exist
+    sources: dict = field(default_factory=dict)   # role -> (stage, weights)
+    nodes: int = 1
+    nproc: int = 1                   # processes per node (torchrun --nproc-per-node)
+
+    def arguments(self, resume_from: str | None = None) -> list[str]:
+        """``solar <action> --config ... --set ...`` as an argument list (never a shell string).
+        ``resume_from``: continue a training stage from that checkpoint of its own run."""
+        sets = list(self.sets)
+        if resume_from is not None:
+            sets = [s for s in sets if not s.startswith("checkpoint.")]
+            sets += ["checkpoint.mode=full_resume", f"checkpoint.path={resume_from}"]
+        args = ["-m", "solar", self.action, "--config", self.config]
+        for item in sets:
+            args += ["--set", item]
+        return args
+
+
+@dataclass(frozen=True)
+class RunPlan:
+    stages: tuple[StagePlan, ...]
+    world_size: int
+    logical_dp: int
+    global_batch: int | None
+
+    def stage(self, name: str) -> StagePlan:
+        return next(s for s in self.stages if s.name == name)
+
+
+def _checkpoint_dir(stage_dir: str, step: int) -> str:
+    return f"{stage_dir}/checkpoints/step_{step:08d}"
+
+
+def plan_run(spec: SolarRunSpec, run_root: str, *, repo: str | os.PathLike[str] = ".",
+             environ: dict | None = None) -> RunPlan:
+    """Validate every stage and return the plan, or raise ``RunInvalid``."""
+    from solar.config.resolve import resolve_file
+
+    names = [s.name for s in spec.stages]
+    if len(set(names)) != len(names):
+        dup = next(n for n in names if names.count(n) > 1)
+        raise RunInvalid("InvalidSpec", f"spec.stages: the name {dup!r} appears twice; stage names are unique")
+    plans: list[StagePlan] = []
+    for index, stage in enumerate(spec.stages):
+        where = f"spec.stages[{index}] ({stage.name})"
+        t = stage.topology or spec.topology
+        world = t.world_size
+        for item in stage.set:
+            key = item.split("=", 1)[0].strip()
+            if any(key == o or key.startswith(o + ".") for o in OWNED):
+                raise RunInvalid("InvalidSpec", f"{where}.set: {key} is set by the run (storage, topology, init); "
+                                                "remove it", stage.name)
+        config_path = Path(repo) / stage.config
+        if not config_path.is_file():
+            raise RunInvalid("InvalidSpec", f"{where}.config: {stage.config} does not exist in the image's repository",
+                             stage.name)
+        stage_dir = f"{run_root}/{stage.name}"
+        # the action decides which batch fields the run may set: read it first
+        from solar.config.loader import read_document
+
+        try:
+            document = read_document(config_path)[1]
+        except ConfigError as exc:
+            raise RunInvalid(exc.reason, f"{where}: {exc.message}", stage.name) from None
+        action = document.get("action")
+        train_block = document.get("train") if isinstance(document.get("train"), dict) else {}
+        _check_roles(stage, action, train_block.get("stage"), where)
+        owned = [f"runtime.output_dir={stage_dir}", f"distributed.world_size={world}",
+                 f"distributed.sequence_parallel_size={t.sequenceParallelSize}"]
+        if action == "train":
+            owned += [f"train.micro_batch_size={t.microBatchSize}", f"train.gradient_accumulation={t.gradientAccumulation}"]
+            if t.globalBatchSize is not None:
+                owned.append(f"train.global_batch_size={t.globalBatchSize}")
+        wiring, sources = _wiring(stage, index, plans, action, where)
+        sets = tuple(stage.set) + tuple(owned) + tuple(wiring)
+        try:
+            resolved = resolve_file(config_path, sets, environ=environ if environ is not None else dict(os.environ))
+        except ConfigError as exc:
+            raise RunInvalid(exc.reason, f"{where}: {exc.message}", stage.name) from None
+        cfg, route = resolved.config, resolved.route
+        if cfg.model.family != spec.family:
+            raise RunInvalid("InvalidSpec", f"{where}: its config trains {cfg.model.family}, spec.family is "
+                                            f"{spec.family}", stage.name)
+        final = cfg.train.max_steps if cfg.action == "train" else None
+        validation_step = _last_validation_step(cfg) if cfg.action == "train" else None
+        plans.append(StagePlan(stage.name, index, cfg.action, route.key, stage.config, sets, stage_dir, final,
+                               validation_step, cfg.action == "infer" and bool(cfg.validation.passes), sources,
+                               nodes=t.nodes, nproc=t.gpusPerNode))
+    t = spec.topology
+    dp = t.world_size // t.sequenceParallelSize
+    return RunPlan(tuple(plans), t.world_size, dp, t.globalBatchSize or dp * t.microBatchSize * t.gradientAccumulation)
+
+
+def _wiring(stage, index: int, earlier: list[StagePlan], action: str, where: str) -> tuple[list[str], dict]:
+    if stage.init is None:
+        return [], {}
+    roles = stage.init.roles()
+    by_name = {p.name: p for p in earlier}
+    sets, sources = [], {}
+    for role, source in roles.items():
+        src = by_name.get(source.stage)
+        if src is None:
+            raise RunInvalid("InvalidInit", f"{where}.init.{role}.stage: {source.stage!r} is not an earlier stage "
+                                            f"(earlier: {', '.join(by_name) or 'none'})", stage.name)
+        if src.action != "train" or src.final_step is None:
+            raise RunInvalid("InvalidInit", f"{where}.init.{role}.stage: {source.stage!r} is an inference stage and "
+                                            "writes no checkpoint", stage.name)
+        sources[role] = (source.stage, source.weights)
+        path = _checkpoint_dir(src.stage_dir, src.final_step)
+        if role == "model":
+            if action == "train":
+                sets += ["checkpoint.mode=weights_only", f"checkpoint.path={path}", f"checkpoint.weights={source.weights}"]
+            else:
+                sets += [f"checkpoint.path={path}", f"checkpoint.weights={source.weights}"]
+        else:
+            sets.append(f"checkpoint.roles.{role}.path={path}")
+            sets.append(f"checkpoint.roles.{role}.weights={source.weights}")
+    if any(r != "model" for r in roles):
+        sets.insert(0, "checkpoint.mode=roles")
+    return sets, sources
+
+
+def _check_roles(stage, action: str, train_stage: str | None, where: str) -> None:
+    """init names ``model``, or all three Stage2 roles for Stage2 training."""
+    roles = set(stage.init.roles()) if stage.init else set()
+    stage2_train = action == "train" and train_stage == "stage2"
+    if not roles:
+        return
+    if roles not in ({"model"}, {"student", "teacher", "critic"}):
+        raise RunInvalid("InvalidInit", f"{where}.init: give either model, or student, teacher and critic "
+                                        f"(got {', '.join(sorted(roles))})", stage.name)
+    if stage2_train and roles == {"model"}:
+        raise RunInvalid("InvalidInit", f"{where}.init: Stage2 training initialises three roles; give init.student, "
+                                        "init.teacher and init.critic", stage.name)
+    if not stage2_train and roles != {"model"}:
+        raise RunInvalid("InvalidInit", f"{where}.init: student/teacher/critic initialise Stage2 training only; "
+                                        "this stage takes init.model", stage.name)
+
+
+def _last_validation_step(cfg) -> int | None:
+    if not cfg.validation.passes:
+        return None
+    run, last = cfg.runtime, cfg.train.max_steps
+    steps = [s for s in run.validation_steps if s <= last]
+    if run.validate_every:
+        steps.append(last // run.validate_every * run.validate_every)
+    steps = [s for s in steps if s > 0]
+    return max(steps) if steps else None
+
+
+def job_name(run: str, stage: str, limit: int = 51) -> str:
+    """``<run>-<stage>``, shortened with a stable hash suffix so pod host names
+    (``<job>-worker-<i>``, up to 4-digit i) stay within 63 characters; always a DNS-1035 label."""
+    name = f"{run}-{stage}"
+    if len(name) <= limit and name[0].isalpha():
+        return name
+    digest = hashlib.sha256(name.encode()).hexdigest()[:8]
+    head = name[: limit - 9].rstrip("-")
+    if not head or not head[0].isalpha():
+        head = "r" + head[: limit - 10]
+    return f"{head}-{digest}"

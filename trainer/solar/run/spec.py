@@ -1,0 +1,172 @@
+"""The ``SolarRun`` resource (contract.md §4): spec and status as pydantic models.
+
+Field names are the resource's own (camelCase), so a model dumps to exactly the document the API
+server stores. ``crds/solarwm.io_solarruns.yaml`` declares the same shape; a test keeps them equal.
+Torch-free: shared by the operator and ``solar run``.
+"""
+
+from __future__ import annotations
+
+from typing import Annotated, Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field, StringConstraints
+
+GROUP, VERSION, KIND, PLURAL, SHORT = "solarwm.io", "v1alpha1", "SolarRun", "solarruns", "srun"
+API_VERSION = f"{GROUP}/{VERSION}"
+
+DNSLabel = Annotated[str, StringConstraints(pattern=r"^[a-z]([-a-z0-9]*[a-z0-9])?$", max_length=63)]
+PosInt = Annotated[int, Field(ge=1)]
+Family = Literal["wan22_ti2v_5b", "wan22_i2v_a14b", "ltx25_video", "minimax_h3"]
+Phase = Literal["Pending", "Running", "Succeeded", "Failed", "Suspended"]
+Weights = Literal["live", "ema"]
+
+
+class Doc(BaseModel):
+    model_config = ConfigDict(extra="forbid", populate_by_name=True)
+
+
+class Topology(Doc):
+    nodes: PosInt = Field(description="Nodes (PyTorchJob Master + Workers).")
+    gpusPerNode: PosInt = Field(description="Processes per node (torchrun --nproc-per-node).")
+    sequenceParallelSize: PosInt = Field(1, description="Ulysses SP degree.")
+    microBatchSize: PosInt = Field(1, description="Clips per rank per micro-batch (training stages).")
+    gradientAccumulation: PosInt = Field(1, description="Micro-batches per optimizer step (training stages).")
+    globalBatchSize: PosInt | None = Field(None, description="Optional; must agree with the topology.")
+
+    @property
+    def world_size(self) -> int:
+        return self.nodes * self.gpusPerNode
+
+
+class Storage(Doc):
+    volume: dict[str, Any] = Field(description="Any core/v1 volume source, e.g. {persistentVolumeClaim: {claimName: x}}.")
+    mountPath: str = Field(pattern=r"^/", description="Where pods mount it.")
+    path: str = Field(pattern=r"^[^/].*", description="Run root below the mount: <mountPath>/<path>.")
+
+
+class ExtraVolume(Doc):
+    name: DNSLabel
+    volume: dict[str, Any]
+    mountPath: str = Field(pattern=r"^/")
+    readOnly: bool = False
+
+
+class InitSource(Doc):
+    stage: DNSLabel = Field(description="An earlier stage whose final checkpoint feeds this one.")
+    weights: Weights = Field(description="live or ema weights of that checkpoint.")
+
+
+class Init(Doc):
+    model: InitSource | None = None
+    student: InitSource | None = None
+    teacher: InitSource | None = None
+    critic: InitSource | None = None
+
+    def roles(self) -> dict[str, InitSource]:
+        return {k: v for k, v in (("model", self.model), ("student", self.student), ("teacher", self.teacher),
+                                  ("critic", self.critic)) if v is not None}
+
+
+class Stage(Doc):
+    name: DNSLabel
+    config: str = Field(min_length=1, description="Config path relative to the repository root (the image's workdir).")
+    set: list[str] = Field(default_factory=list, description="--set KEY=VALUE edits of that config.")
+    init: Init | None = None
+    topology: Topology | None = Field(None, description="This stage's topology when it differs from the run's "
+                                                        "(e.g. inference on fewer GPUs, H3 Stage2 with SP 4).")
+
+
+class RunPolicy(Doc):
+    backoffLimit: Annotated[int, Field(ge=0)] = 3
+    progressDeadlineSeconds: PosInt = 3600
+    ttlSecondsAfterFinished: Annotated[int, Field(ge=0)] | None = None
+    cleanPodPolicy: Literal["All", "Running", "None"] = "Running"
+    suspend: bool = False
+
+
+class SolarRunSpec(Doc):
+    family: Family
+    image: str = Field(min_length=1)
+    imagePullPolicy: Literal["Always", "IfNotPresent", "Never"] = "IfNotPresent"
+    topology: Topology
+    storage: Storage
+    volumes: list[ExtraVolume] = Field(default_factory=list)
+    stages: list[Stage] = Field(min_length=1)
+    resources: dict[str, Any] = Field(default_factory=dict)
+    nodeSelector: dict[str, str] = Field(default_factory=dict)
+    tolerations: list[dict[str, Any]] = Field(default_factory=list)
+    affinity: dict[str, Any] = Field(default_factory=dict)
+    priorityClassName: str = ""
+    schedulerName: str = ""
+    runPolicy: RunPolicy = Field(default_factory=RunPolicy)
+
+
+# --- status ----------------------------------------------------------------------------------
+
+class CheckpointStatus(Doc):
+    step: int
+    path: str
+    verifiedAt: str
+
+
+class ValidationStatus(Doc):
+    step: int | None = None
+    complete: bool
+
+
+class StageStatus(Doc):
+    name: str
+    phase: Phase = "Pending"
+    job: str | None = None
+    attempt: int = 0
+    failures: int = 0
+    startTime: str | None = None
+    completionTime: str | None = None
+    checkpoint: CheckpointStatus | None = None
+    validation: ValidationStatus | None = None
+    message: str | None = None
+    reason: str | None = None
+
+
+class Condition(Doc):
+    type: Literal["Validated", "Progressing", "Ready", "Failed", "Suspended"]
+    status: Literal["True", "False", "Unknown"]
+    reason: str
+    message: str = ""
+    lastTransitionTime: str
+    observedGeneration: int | None = None
+
+
+class StatusTopology(Doc):
+    worldSize: int
+    logicalDataParallelSize: int
+    globalBatchSize: int | None = None
+
+
+class SolarRunStatus(Doc):
+    phase: Phase = "Pending"
+    currentStage: str | None = None
+    step: int | None = None
+    observedGeneration: int | None = None
+    topology: StatusTopology | None = None
+    stages: list[StageStatus] = Field(default_factory=list)
+    conditions: list[Condition] = Field(default_factory=list)
+
+    def stage(self, name: str) -> StageStatus | None:
+        return next((s for s in self.stages if s.name == name), None)
+
+
+class ObjectMeta(BaseModel):
+    model_config = ConfigDict(extra="allow")
+    name: DNSLabel
+    namespace: str | None = None
+
+
+class SolarRun(Doc):
+    """A whole manifest (what ``kubectl apply`` and ``solar run`` read)."""
+
+    apiVersion: Literal["solarwm.io/v1alpha1"]
+    kind: Literal["SolarRun"]
+    metadata: ObjectMeta
+    spec: SolarRunSpec
+    status: SolarRunStatus | None = None
