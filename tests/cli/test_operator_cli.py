@@ -1,4 +1,4 @@
-"""The solar-operator console script exists, parses the contract's flags and says what it lacks."""
+"""The solar-operator console script: the contract's flags, clear refusals, no torch."""
 
 from __future__ import annotations
 
@@ -18,12 +18,20 @@ def test_help_lists_contract_flags():
         assert flag in proc.stdout
 
 
-def test_reports_missing_handlers_in_one_line():
-    proc = subprocess.run([_exe(), "--standalone", "-A"], capture_output=True, text=True, timeout=60)
+def test_refuses_a_missing_storage_root_in_one_line(tmp_path):
+    proc = subprocess.run([_exe(), "--standalone", "-A", "--storage-root", str(tmp_path / "nope")],
+                          capture_output=True, text=True, timeout=60)
     assert proc.returncode == 2
-    assert proc.stderr.count("\n") == 1 and "not part of this build" in proc.stderr
+    assert proc.stderr.count("\n") == 1 and "is not a directory" in proc.stderr
+
+
+def test_requires_a_watch_scope(tmp_path):
+    proc = subprocess.run([_exe(), "--standalone", "--storage-root", str(tmp_path)], capture_output=True, text=True,
+                          timeout=60)
+    assert proc.returncode == 2 and "-A/--all-namespaces or -n/--namespace" in proc.stderr
 
 
 def test_operator_package_imports_without_torch():
-    code = "import sys, solar_operator.main; assert 'torch' not in sys.modules"
+    code = ("import sys, solar_operator.main, solar_operator.handlers, solar.run.plan, solar.run.machine; "
+            "assert 'torch' not in sys.modules")
     assert subprocess.run([sys.executable, "-c", code], timeout=60).returncode == 0

@@ -96,7 +96,8 @@ class _Run:
         self.spec, self.obs = spec, obs
         status = previous.model_copy(deep=True) if previous else SolarRunStatus()
         known = {s.name: s for s in status.stages}
-        status.stages = [known.get(s.name) or StageStatus(name=s.name) for s in spec.stages]
+        if spec is not None:  # None: a spec that does not even parse (reported invalid)
+            status.stages = [known.get(s.name) or StageStatus(name=s.name) for s in spec.stages]
         status.observedGeneration = obs.generation
         self.status = status
         self.decision = Decision(status)
@@ -131,7 +132,10 @@ class _Run:
         self.event("Warning", reason, message)
 
 
-def reconcile(spec: SolarRunSpec, previous: SolarRunStatus | None, obs: Observation) -> Decision:
+def reconcile(spec: SolarRunSpec | None, previous: SolarRunStatus | None, obs: Observation) -> Decision:
+    """``spec`` None means it does not parse; ``obs.invalid`` then says why."""
+    if spec is None and obs.invalid is None:
+        raise ValueError("reconcile without a spec needs obs.invalid")
     r = _Run(spec, previous, obs)
     status = r.status
     if previous is not None and previous.phase in TERMINAL:

@@ -1,0 +1,113 @@
+"""The operator's Prometheus metrics (contract.md §6).
+
+Counters and the reconcile histogram are ordinary ``prometheus_client`` series. The per-run gauges
+(``solar_runs{phase}``, ``solar_run_checkpoint_step`` ...) come from a collector that reads kopf's
+index of current SolarRuns at scrape time, so a deleted run's series disappear with it.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import time
+
+from prometheus_client import CollectorRegistry, Counter, Histogram
+from prometheus_client.core import GaugeMetricFamily
+
+REGISTRY = CollectorRegistry()
+RECONCILE = Counter("solar_operator_reconcile_total", "Reconciles of SolarRuns by handler and result.",
+                    ["handler", "result"], registry=REGISTRY)
+RECONCILE_SECONDS = Histogram("solar_operator_reconcile_duration_seconds", "Time one reconcile takes.", ["handler"],
+                              registry=REGISTRY, buckets=(0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10))
+STAGE_TRANSITIONS = Counter("solar_run_stage_transitions_total", "Stage phase transitions.", ["to_phase"],
+                            registry=REGISTRY)
+PHASES = ("Pending", "Running", "Succeeded", "Failed", "Suspended")
+
+
+class _Index:
+    """The latest kopf index of SolarRuns: {(namespace, name): [status, ...]}."""
+
+    def __init__(self) -> None:
+        self.index = None
+
+    def set(self, index) -> None:
+        self.index = index
+
+    def runs(self) -> list[tuple[str, str, dict]]:
+        if self.index is None:
+            return []
+        out = []
+        for (namespace, name), statuses in list(self.index.items()):
+            for status in statuses:
+                out.append((namespace, name, status))
+        return out
+
+
+RUN_INDEX = _Index()
+
+
+class RunCollector:
+    def collect(self):
+        runs = RUN_INDEX.runs()
+        phases = GaugeMetricFamily("solar_runs", "SolarRuns by phase.", labels=["phase"])
+        counts = dict.fromkeys(PHASES, 0)
+        for _ns, _name, status in runs:
+            phase = status.get("phase") or "Pending"
+            counts[phase] = counts.get(phase, 0) + 1
+        for phase, n in counts.items():
+            phases.add_metric([phase], n)
+        yield phases
+        step = GaugeMetricFamily("solar_run_checkpoint_step", "Latest verified checkpoint step per stage.",
+                                 labels=["namespace", "run", "stage"])
+        stamp = GaugeMetricFamily("solar_run_checkpoint_timestamp_seconds",
+                                  "When that checkpoint was verified (Unix time).", labels=["namespace", "run", "stage"])
+        validation = GaugeMetricFamily("solar_run_validation_step", "Last complete validation step per stage.",
+                                       labels=["namespace", "run", "stage"])
+        for namespace, name, status in runs:
+            for stage in status.get("stages") or []:
+                labels = [namespace, name, stage.get("name", "")]
+                ck = stage.get("checkpoint")
+                if ck:
+                    step.add_metric(labels, ck.get("step", 0))
+                    verified = _epoch(ck.get("verifiedAt"))
+                    if verified is not None:
+                        stamp.add_metric(labels, verified)
+                if stage.get("name") == status.get("currentStage") and status.get("step") is not None and not ck:
+                    step.add_metric(labels, status["step"])
+                v = stage.get("validation")
+                if v and v.get("step") is not None:
+                    validation.add_metric(labels, v["step"])
+        yield step
+        yield stamp
+        yield validation
+
+
+def _epoch(text):
+    from solar.run.machine import parse_iso
+
+    try:
+        return parse_iso(text)
+    except (TypeError, ValueError):
+        return None
+
+
+REGISTRY.register(RunCollector())
+
+
+@contextlib.contextmanager
+def timed(handler: str):
+    started = time.perf_counter()
+    try:
+        yield
+    except Exception:
+        RECONCILE.labels(handler=handler, result="error").inc()
+        raise
+    else:
+        RECONCILE.labels(handler=handler, result="success").inc()
+    finally:
+        RECONCILE_SECONDS.labels(handler=handler).observe(time.perf_counter() - started)
+
+
+def serve(port: int, addr: str = "0.0.0.0"):
+    from prometheus_client import start_http_server
+
+    return start_http_server(port, addr=addr, registry=REGISTRY)
