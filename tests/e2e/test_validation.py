@@ -136,6 +136,22 @@ def test_killed_mid_validation_leaves_no_marker_and_resume_completes_it(data, tm
     assert result(out)["status"] == "complete"
 
 
+def test_killed_in_the_last_validation_resumes_from_the_final_checkpoint_and_completes(data, tmp_path):
+    """A launch killed after its last checkpoint has only the final validation and run-result left."""
+    out = tmp_path / "run"
+    killed = train(CONFIG, _sets(data, out), extra_env={"SOLAR_INJECT_FAULT": "kill_validation:step=4"})
+    assert killed.returncode == -9, killed.stderr[-2000:]
+    assert (out / "checkpoints" / "step_00000004" / "COMPLETE.json").is_file()
+    assert not (out / "validation" / "step_00000004" / "COMPLETE.json").exists()
+    resumed = train(CONFIG, _sets(data, out, "checkpoint.mode=full_resume",
+                                  f"checkpoint.path={out}/checkpoints/step_00000004"))
+    assert resumed.returncode == 0, resumed.stderr[-3000:]
+    assert "step 4 is train.max_steps; nothing left to train" in resumed.stderr
+    assert _complete(out / "validation" / "step_00000004")["status"] == "complete"
+    assert result(out)["status"] == "complete"
+    assert sorted(p.name for p in (out / "checkpoints").iterdir()) == ["step_00000002", "step_00000004"]
+
+
 def _rewrite_test_index(data, change):
     path = data / "test-index.jsonl.gz"
     rows = [json.loads(line) for line in gzip.decompress(path.read_bytes()).decode().splitlines()]

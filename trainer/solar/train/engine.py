@@ -292,6 +292,8 @@ class Loop:
             self.prepare_validation()
         if start and self.validation_due(start):  # a resumed run finishes the validation it was killed in
             self.validate(start)
+        if start == max_steps and d.rank == 0:  # killed after its last checkpoint: nothing left to train
+            sys.stderr.write(f"solar: checkpoint step {start} is train.max_steps; nothing left to train\n")
         for step in range(start + 1, max_steps + 1):
             event = self.step(step)
             progress.show(event)

@@ -141,9 +141,9 @@ def build_parts(resolved: Resolved, rank: int, device: torch.device, *, world: i
             ema.load(io.shard_like(load_file(path / "model" / "ema.safetensors"), params), trainer["ema"])
         start_step = trainer["step"]
         data_state = io.load_rank_state(path, rank)
-    if start_step >= cfg.train.max_steps:
-        raise CheckpointError(f"checkpoint.path {ck.path} is at step {start_step}; train.max_steps="
-                              f"{cfg.train.max_steps} leaves nothing to do")
+    if start_step > cfg.train.max_steps:  # == max_steps: the loop only finishes that step's validation
+        raise CheckpointError(f"checkpoint.path {ck.path} is at step {start_step}, beyond train.max_steps="
+                              f"{cfg.train.max_steps}")
     stream = train_stream(cfg, rank, data_state)
     adapter_only = _is_lora(model) and bool(cfg.model.pretrained_path)
     return Parts(model, names, params, optimizer, ema, stream, start_step, init, adapter_only, sharded)

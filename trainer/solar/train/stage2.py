@@ -209,9 +209,9 @@ def build_stage2(resolved, rank: int, device: torch.device, *, world: int = 1, s
         init = {"mode": "full_resume", "sources": [{"role": "student+critic", "path": ck.path, "step": start_step}]}
     else:
         init = {"mode": ck.mode, "sources": [{"role": r, **s} for r, s in sources.items()]}
-    if start_step >= cfg.train.max_steps:
-        raise CheckpointError(f"checkpoint.path {ck.path} is at step {start_step}; train.max_steps="
-                              f"{cfg.train.max_steps} leaves nothing to do")
+    if start_step > cfg.train.max_steps:  # == max_steps: the loop only finishes that step's validation
+        raise CheckpointError(f"checkpoint.path {ck.path} is at step {start_step}, beyond train.max_steps="
+                              f"{cfg.train.max_steps}")
     stream = train_stream(cfg, rank, data_state)
     parts = Parts(student.model, student.names, student.params, student.optimizer, ema, stream, start_step, init,
                   adapter_only=bool(cfg.model.pretrained_path) and cfg.model.training_mode == "lora")

@@ -1,0 +1,99 @@
+"""`solar run`: a whole SolarRun on this machine, with the operator's planner and state machine."""
+
+from __future__ import annotations
+
+import json
+import re
+import signal
+import subprocess
+import sys
+import time
+
+import pytest
+import yaml
+
+from solar.data.synth import synthesize
+from tests.conftest import REPO
+from tests.e2e.helpers import env
+
+pytestmark = pytest.mark.slow
+
+
+def _manifest(tmp_path, data, edit=None):
+    doc = yaml.safe_load((REPO / "examples" / "solarrun-tiny.yaml").read_text())
+    for stage in doc["spec"]["stages"]:
+        stage["set"] = [f"data.root={data}" if s.startswith("data.root=") else s for s in stage["set"]]
+    if edit:
+        edit(doc)
+    path = tmp_path / "run.yaml"
+    path.write_text(yaml.safe_dump(doc))
+    return path
+
+
+def _solar_run(manifest, workdir, *, wait=True):
+    cmd = [sys.executable, "-m", "solar", "run", str(manifest), "--workdir", str(workdir)]
+    if not wait:
+        return subprocess.Popen(cmd, cwd=REPO, env=env(), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    return subprocess.run(cmd, cwd=REPO, env=env(), capture_output=True, text=True, timeout=900)
+
+
+@pytest.fixture(scope="module")
+def data(tmp_path_factory):
+    root = tmp_path_factory.mktemp("synth") / "wan"
+    synthesize("wan22_ti2v_5b", root, samples=4, seed=2)
+    return root
+
+
+def test_interrupted_run_continues_where_it_stopped_and_finishes(data, tmp_path):
+    manifest, workdir = _manifest(tmp_path, data), tmp_path / "runs"
+    proc = _solar_run(manifest, workdir, wait=False)
+    anyflow = workdir / "tiny-wan" / "anyflow" / "checkpoints" / "step_00000002"
+    deadline = time.monotonic() + 300
+    while time.monotonic() < deadline and not anyflow.is_dir() and proc.poll() is None:
+        time.sleep(0.2)
+    assert anyflow.is_dir(), proc.communicate()[1][-3000:]
+    proc.send_signal(signal.SIGINT)
+    _, err = proc.communicate(timeout=120)
+    assert proc.returncode == 130, err[-2000:]
+    assert "run the same command again to continue" in err
+    status = json.loads((workdir / "tiny-wan" / "status.json").read_text())
+    assert status["stages"][0]["phase"] == "Succeeded" and status["currentStage"] == "anyflow"
+    again = _solar_run(manifest, workdir)
+    assert again.returncode == 0, again.stderr[-3000:]
+    assert re.search(r"stage anyflow attempt 2 \(from \S+/anyflow/checkpoints/step_0000000[24]\)", again.stderr)
+    status = json.loads((workdir / "tiny-wan" / "status.json").read_text())
+    assert status["phase"] == "Succeeded"
+    assert [s["phase"] for s in status["stages"]] == ["Succeeded"] * 4
+    assert status["stages"][2]["checkpoint"]["step"] == 10 and status["stages"][3]["validation"]["complete"]
+    assert any(c["type"] == "Ready" and c["status"] == "True" for c in status["conditions"])
+    assert (workdir / "tiny-wan" / "generate" / "generation" / "COMPLETE.json").is_file()
+    assert (workdir / "tiny-wan" / "logs" / "anyflow-2.log").is_file()
+    assert "solar run: Succeeded" in again.stderr
+    third = _solar_run(manifest, workdir)  # a finished run is left as it is
+    assert third.returncode == 0 and "already succeeded" in third.stderr
+
+
+@pytest.mark.parametrize("edit, fragment", [
+    (lambda d: d["spec"]["stages"][1]["init"]["model"].update(stage="nope"), "(InvalidInit)"),
+    (lambda d: d["spec"]["topology"].update(nodes=2), "single-node runs only"),
+    (lambda d: d["spec"]["stages"][0]["set"].append("runtime.output_dir=/x"), "is set by the run"),
+    (lambda d: d["spec"].update(family="wan3"), "spec.family"),
+])
+def test_bad_manifests_are_refused_before_anything_runs(edit, fragment, data, tmp_path):
+    manifest, workdir = _manifest(tmp_path, data, edit), tmp_path / "runs"
+    proc = _solar_run(manifest, workdir)
+    assert proc.returncode == 2, proc.stderr
+    assert fragment in proc.stderr and proc.stderr.count("\n") == 1
+    assert not workdir.exists()
+
+
+def test_a_failing_stage_fails_the_run_with_its_reason(data, tmp_path):
+    # the first stage's data disappears: every attempt fails, the run ends Failed after backoffLimit
+    manifest = _manifest(tmp_path, tmp_path / "missing-data", lambda d: d["spec"]["runPolicy"].update(backoffLimit=1))
+    proc = _solar_run(manifest, tmp_path / "runs")
+    assert proc.returncode == 1, proc.stderr[-2000:]
+    status = json.loads((tmp_path / "runs" / "tiny-wan" / "status.json").read_text())
+    assert status["phase"] == "Failed"
+    failed = next(c for c in status["conditions"] if c["type"] == "Failed")
+    assert failed["reason"] in ("BackoffLimitExceeded", "NothingToResume")
+    assert "fm" in failed["message"]
