@@ -1,158 +1,80 @@
-"""The kopf handlers: thin adapters around ``solar.run`` (validation, planner, state machine).
+"""The kopf handlers: each one line into ``runs.Reconciler`` (in ``memo.runs``) or ``metrics.RUNS``.
 
-Every handler ends in ``reconcile_run``: observe (the run's PyTorchJobs, its stage directories under
-``--storage-root``), decide (``solar.run.machine.reconcile``), act (create/delete jobs with
-deterministic names, 409/404 meaning "already done"), report (status patch, events, metrics).
-A per-run lock keeps the create/update handlers and the poll timer from overlapping. Restarting
-the operator loses nothing: the decision is a function of the stored status and the observations.
+``register(registry)`` declares them into a registry instead of kopf's global one, so an operator
+can be started, stopped and started again in one process with fresh handlers (tests, the bench);
+``solar-operator`` calls it once. Every handler has an explicit id.
+
+- SolarRun created / resumed at operator start / spec changed -> reconcile
+- every ``poll_seconds`` while the run is not finished         -> reconcile (stage files have no watch)
+- any change of a PyTorchJob labelled with a run              -> reconcile that run (a finished job
+                                                                  starts the next stage at once)
+- every SolarRun watch event                                   -> the metrics' view of current runs
+- SolarRun deleted                                             -> forget its lock and plan (its jobs
+                                                                  go with it: owner references)
 """
 
 from __future__ import annotations
 
 import logging
-import os
-import threading
-import time
-from pathlib import Path
 
 import kopf
-from pydantic import ValidationError
 
-from solar.run.machine import Observation, reconcile
-from solar.run.observe import observe_stage
-from solar.run.plan import RunInvalid, plan_run
-from solar.run.spec import GROUP, PLURAL, VERSION, SolarRunSpec, SolarRunStatus
-from solar_operator import metrics, pytorchjob
-from solar_operator.backend import JobBackend, PyTorchJobs
+from solar.run.spec import GROUP, PLURAL, VERSION
+from solar_operator import metrics
+from solar_operator.jobs import RUN_LABEL
+from solar_operator.kube import JOB_GROUP, JOB_PLURAL, JOB_VERSION
 
-INTERVAL = float(os.environ.get("SOLAR_OPERATOR_INTERVAL", "10"))
-REPO = Path(os.environ.get("SOLAR_REPO", Path(__file__).resolve().parents[2]))
-_locks: dict[str, threading.Lock] = {}
-_plans: dict[tuple[str, int], object] = {}
-log = logging.getLogger("solar_operator")
+FINISHED = ("Succeeded", "Failed")
 
 
-class Context:
-    """Process-wide settings and the job backend (replaceable in tests)."""
-
-    storage_root: Path = Path(os.environ.get("SOLAR_OPERATOR_STORAGE_ROOT", "/runs"))
-    backend: JobBackend | None = None
+def _active(status, **_) -> bool:
+    return (status or {}).get("phase") not in FINISHED
 
 
-def backend() -> JobBackend:
-    if Context.backend is None:
-        from kubernetes import client, config
-
-        try:
-            config.load_incluster_config()
-        except config.ConfigException:
-            config.load_kube_config()
-        Context.backend = PyTorchJobs(client.ApiClient())
-    return Context.backend
-
-
-def _plan(uid: str, generation: int, spec: SolarRunSpec):
-    key = (uid, generation)
-    if key not in _plans:
-        try:
-            _plans[key] = plan_run(spec, f"{spec.storage.mountPath}/{spec.storage.path}", repo=REPO, environ={})
-        except RunInvalid as exc:
-            _plans[key] = exc
-        for old in [k for k in _plans if k[0] == uid and k[1] != generation]:
-            del _plans[old]
-    return _plans[key]
-
-
-def reconcile_run(handler: str, body, patch, logger) -> None:
-    meta = body["metadata"]
-    namespace, name, uid = meta["namespace"], meta["name"], meta["uid"]
-    with _locks.setdefault(uid, threading.Lock()), metrics.timed(handler):
-        raw_status = dict(body.get("status") or {})
-        previous = SolarRunStatus.model_validate(raw_status) if raw_status.get("phase") else None
-        if previous is not None and previous.phase in ("Succeeded", "Failed"):
-            return
-        generation = int(meta.get("generation") or 1)
-        try:
-            spec = SolarRunSpec.model_validate(dict(body["spec"]))
-        except ValidationError as exc:
-            first = exc.errors()[0]
-            where = "spec." + ".".join(str(p) for p in first["loc"])
-            invalid, spec, plan = RunInvalid("InvalidSpec", f"{where}: {first['msg']}"), None, None
-        else:
-            plan = _plan(uid, generation, spec)
-            invalid = plan if isinstance(plan, RunInvalid) else None
-            plan = None if invalid else plan
-        jobs, files = {}, {}
-        if plan is not None:
-            jobs = backend().jobs(namespace, name)
-            done = {s.name for s in (previous.stages if previous else []) if s.phase == "Succeeded"}
-            for stage in plan.stages:
-                if stage.name not in done:
-                    files[stage.name] = observe_stage(Context.storage_root / spec.storage.path / stage.name,
-                                                      final_step=stage.final_step,
-                                                      validation_step=stage.validation_step,
-                                                      generation=stage.generation)
-                    break  # only the current stage's files matter
-        obs = Observation(name, generation, time.time(), plan=plan, invalid=invalid, jobs=jobs, files=files)
-        decision = reconcile(spec, previous, obs)
-        for action in decision.actions:
-            if action.kind == "create_job":
-                manifest = pytorchjob.build(dict(body), spec, plan.stage(action.stage), action.job,
-                                            attempt=action.attempt, resume_from=action.resume_from)
-                problems = pytorchjob.webhook_problems(manifest)
-                if problems:  # a bug of ours, never the user's: do not send it
-                    raise kopf.PermanentError(f"refusing to create {action.job}: {'; '.join(problems)}")
-                created = backend().create(manifest)
-                logger.info(f"job {action.job} {'created' if created else 'already exists'}")
-            elif action.kind == "delete_job":
-                backend().delete(namespace, action.job)
-                logger.info(f"job {action.job} deleted")
-        for kind, reason, message in decision.events:
-            kopf.event(body, type=kind, reason=reason, message=message)
-        for _stage, phase in decision.transitions:
-            metrics.STAGE_TRANSITIONS.labels(to_phase=phase).inc()
-        patch.status.update(decision.status.model_dump(mode="json", exclude_none=True))
-
-
-@kopf.on.startup(id="solar-startup")
-def startup(settings: kopf.OperatorSettings, **_) -> None:
-    settings.posting.level = logging.INFO
+def configure(settings: kopf.OperatorSettings) -> None:
+    """kopf's own state lives under our API group; only warnings become Kubernetes events (the
+    operator posts its own, one per transition)."""
+    settings.persistence.progress_storage = kopf.AnnotationsProgressStorage(prefix="solarwm.io")
+    settings.persistence.diffbase_storage = kopf.AnnotationsDiffBaseStorage(
+        prefix="solarwm.io", key="last-handled-configuration")
     settings.persistence.finalizer = "solarwm.io/operator"
-    settings.watching.server_timeout = 60
+    settings.posting.level = logging.WARNING
 
 
-@kopf.index(GROUP, VERSION, PLURAL, id="solarrun_index")
-def solarrun_index(namespace, name, status, **_):
-    return {(namespace, name): dict(status or {})}
+def register(registry: kopf.OperatorRegistry, *, poll_seconds: float = 10.0) -> None:
+    @kopf.on.startup(id="solar-settings", registry=registry)
+    def startup(settings: kopf.OperatorSettings, **_) -> None:
+        configure(settings)
 
+    @kopf.on.create(GROUP, VERSION, PLURAL, id="run-created", registry=registry)
+    def created(namespace: str, name: str, memo: kopf.Memo, **_) -> None:
+        memo.runs.reconcile(namespace, name, "create")
 
-@kopf.on.create(GROUP, VERSION, PLURAL, id="solarrun-create")
-def on_create(body, patch, logger, solarrun_index, **_) -> None:
-    metrics.RUN_INDEX.set(solarrun_index)
-    reconcile_run("create", body, patch, logger)
+    @kopf.on.resume(GROUP, VERSION, PLURAL, id="run-resumed", registry=registry)
+    def resumed(namespace: str, name: str, memo: kopf.Memo, **_) -> None:
+        memo.runs.reconcile(namespace, name, "resume")
 
+    @kopf.on.update(GROUP, VERSION, PLURAL, field="spec", id="run-updated", registry=registry)
+    def updated(namespace: str, name: str, memo: kopf.Memo, **_) -> None:
+        memo.runs.reconcile(namespace, name, "update")
 
-@kopf.on.resume(GROUP, VERSION, PLURAL, id="solarrun-resume")
-def on_resume(body, patch, logger, solarrun_index, **_) -> None:
-    metrics.RUN_INDEX.set(solarrun_index)
-    reconcile_run("resume", body, patch, logger)
+    @kopf.timer(GROUP, VERSION, PLURAL, interval=poll_seconds, id="run-poll", when=_active, registry=registry)
+    def poll(namespace: str, name: str, memo: kopf.Memo, **_) -> None:
+        memo.runs.reconcile(namespace, name, "poll")
 
+    @kopf.on.delete(GROUP, VERSION, PLURAL, id="run-deleted", optional=True, registry=registry)
+    def deleted(namespace: str, name: str, uid: str, memo: kopf.Memo, **_) -> None:
+        memo.runs.forget(namespace, name, uid)
 
-@kopf.on.update(GROUP, VERSION, PLURAL, field="spec", id="solarrun-update")
-def on_update(body, patch, logger, solarrun_index, **_) -> None:
-    metrics.RUN_INDEX.set(solarrun_index)
-    reconcile_run("update", body, patch, logger)
+    @kopf.on.event(GROUP, VERSION, PLURAL, id="run-metrics", registry=registry)
+    def observed(namespace: str, name: str, status, type: str | None, **_) -> None:  # noqa: A002 (kopf's name)
+        metrics.RUNS.record(namespace, name, dict(status or {}), deleted=type == "DELETED")
 
+    @kopf.on.event(JOB_GROUP, JOB_VERSION, JOB_PLURAL, labels={RUN_LABEL: kopf.PRESENT}, id="job-changed",
+                   registry=registry)
+    def job_changed(namespace: str, labels, memo: kopf.Memo, **_) -> None:
+        memo.runs.reconcile(namespace, labels[RUN_LABEL], "job")
 
-@kopf.timer(GROUP, VERSION, PLURAL, interval=INTERVAL, id="solarrun-poll",
-            when=lambda status, **_: (status or {}).get("phase") not in ("Succeeded", "Failed"))
-def poll(body, patch, logger, solarrun_index, **_) -> None:
-    metrics.RUN_INDEX.set(solarrun_index)
-    reconcile_run("poll", body, patch, logger)
-
-
-@kopf.on.delete(GROUP, VERSION, PLURAL, id="solarrun-delete", optional=True)
-def on_delete(body, **_) -> None:
-    _locks.pop(body["metadata"]["uid"], None)
-    for key in [k for k in _plans if k[0] == body["metadata"]["uid"]]:
-        del _plans[key]
+    @kopf.on.probe(id="runs", registry=registry)
+    def runs_known(**_) -> int:
+        return len(metrics.RUNS)

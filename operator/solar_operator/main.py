@@ -3,7 +3,10 @@
 Flags are those of contract.md §1: ``--storage-root`` (env ``SOLAR_OPERATOR_STORAGE_ROOT``, default
 ``/runs``: where the run volume is mounted), ``--metrics-port`` (8080), and kopf's ``--standalone``,
 ``-A``/``-n NS``, ``--liveness URL``. Cluster credentials come from the in-cluster service account
-or ``$KUBECONFIG``. Equivalent to ``kopf run -m solar_operator.handlers`` plus the metrics server.
+or ``$KUBECONFIG``. ``SOLAR_OPERATOR_POLL_SECONDS`` (default 10) sets how often an active run's
+stage directory is looked at; job changes are seen at once through the watch. Stage configs are
+resolved from the repository at ``SOLAR_REPO`` (default: the one this package is installed from;
+``/app`` in the image), which must hold the same ``configs/`` as the trainer image.
 """
 
 from __future__ import annotations
@@ -14,6 +17,8 @@ import os
 import sys
 from collections.abc import Sequence
 from pathlib import Path
+
+REPO = Path(os.environ.get("SOLAR_REPO", Path(__file__).resolve().parents[2]))
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -40,16 +45,42 @@ def main(argv: Sequence[str] | None = None) -> int:
         print(f"solar-operator: error: --storage-root {root} is not a directory (mount the run volume there)",
               file=sys.stderr)
         return 2
+    poll = os.environ.get("SOLAR_OPERATOR_POLL_SECONDS", "10")
+    try:
+        poll_seconds = float(poll)
+        if not poll_seconds > 0:
+            raise ValueError
+    except ValueError:
+        print(f"solar-operator: error: SOLAR_OPERATOR_POLL_SECONDS={poll!r} is not a positive number of seconds",
+              file=sys.stderr)
+        return 2
     import kopf
 
     from solar_operator import handlers, metrics
 
-    handlers.Context.storage_root = root
+    registry = kopf.OperatorRegistry()
+
+    @kopf.on.login(id="kube-login", registry=registry)
+    def login(**kwargs):  # in-cluster service account, else $KUBECONFIG
+        return kopf.login_via_client(**kwargs)
+
+    handlers.register(registry, poll_seconds=poll_seconds)
     if args.metrics_port:
         metrics.serve(args.metrics_port)
-    asyncio.run(kopf.operator(standalone=args.standalone, clusterwide=args.all_namespaces,
+    asyncio.run(kopf.operator(registry=registry, memo=kopf.Memo(runs=reconciler(root)),
+                              standalone=args.standalone, clusterwide=args.all_namespaces,
                               namespaces=args.namespace, liveness_endpoint=args.liveness))
     return 0
+
+
+def reconciler(storage_root: Path, *, url: str | None = None):
+    """The operator's reconciler over the real API (``url``: a test server instead of the cluster)."""
+    from solar_operator.jobs import PyTorchJobBackend
+    from solar_operator.kube import Kube, api_client
+    from solar_operator.runs import Reconciler
+
+    kube = Kube(api_client(url))
+    return Reconciler(kube, PyTorchJobBackend(kube), storage_root=storage_root, repo=REPO)
 
 
 if __name__ == "__main__":

@@ -1,13 +1,15 @@
 """The operator's Prometheus metrics (contract.md §6).
 
 Counters and the reconcile histogram are ordinary ``prometheus_client`` series. The per-run gauges
-(``solar_runs{phase}``, ``solar_run_checkpoint_step`` ...) come from a collector that reads kopf's
-index of current SolarRuns at scrape time, so a deleted run's series disappear with it.
+(``solar_runs{phase}``, ``solar_run_checkpoint_step`` ...) come from a collector that reads the
+current SolarRuns (``RUNS``, fed by the watch stream) at scrape time, so a deleted run's series
+disappear with it. No counter carries a run name.
 """
 
 from __future__ import annotations
 
 import contextlib
+import threading
 import time
 
 from prometheus_client import CollectorRegistry, Counter, Histogram
@@ -23,31 +25,35 @@ STAGE_TRANSITIONS = Counter("solar_run_stage_transitions_total", "Stage phase tr
 PHASES = ("Pending", "Running", "Succeeded", "Failed", "Suspended")
 
 
-class _Index:
-    """The latest kopf index of SolarRuns: {(namespace, name): [status, ...]}."""
+class RunStates:
+    """The current status of every SolarRun the operator watches, fed by the watch stream
+    (``record``); a deleted run is dropped, so its series vanish from the next scrape."""
 
     def __init__(self) -> None:
-        self.index = None
+        self._lock = threading.Lock()
+        self._runs: dict[tuple[str, str], dict] = {}
 
-    def set(self, index) -> None:
-        self.index = index
+    def record(self, namespace: str, name: str, status: dict | None, *, deleted: bool = False) -> None:
+        with self._lock:
+            if deleted:
+                self._runs.pop((namespace, name), None)
+            else:
+                self._runs[(namespace, name)] = dict(status or {})
 
     def runs(self) -> list[tuple[str, str, dict]]:
-        if self.index is None:
-            return []
-        out = []
-        for (namespace, name), statuses in list(self.index.items()):
-            for status in statuses:
-                out.append((namespace, name, status))
-        return out
+        with self._lock:
+            return [(ns, name, status) for (ns, name), status in self._runs.items()]
+
+    def __len__(self) -> int:
+        return len(self._runs)
 
 
-RUN_INDEX = _Index()
+RUNS = RunStates()
 
 
 class RunCollector:
     def collect(self):
-        runs = RUN_INDEX.runs()
+        runs = RUNS.runs()
         phases = GaugeMetricFamily("solar_runs", "SolarRuns by phase.", labels=["phase"])
         counts = dict.fromkeys(PHASES, 0)
         for _ns, _name, status in runs:

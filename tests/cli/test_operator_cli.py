@@ -32,6 +32,7 @@ def test_requires_a_watch_scope(tmp_path):
 
 
 def test_operator_package_imports_without_torch():
-    code = ("import sys, solar_operator.main, solar_operator.handlers, solar.run.plan, solar.run.machine; "
+    code = ("import sys, solar_operator.main, solar_operator.handlers, solar_operator.runs, solar_operator.jobs, "
+            "solar_operator.kube, solar_operator.metrics, solar.run.plan, solar.run.machine, solar.local.executor; "
             "assert 'torch' not in sys.modules")
     assert subprocess.run([sys.executable, "-c", code], timeout=60).returncode == 0

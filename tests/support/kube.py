@@ -775,12 +775,13 @@ def _copy_handlers(source: Any, target: Any) -> None:
 
 @contextmanager
 def run_kopf_operator(module_or_path: Any, cluster: Cluster, *, stop_after: float | None = None,
-                      ready_timeout: float = 15, stop_timeout: float = 15) -> Iterator[Operator]:
+                      ready_timeout: float = 15, stop_timeout: float = 15, memo: Any = None) -> Iterator[Operator]:
     """Run ``kopf.operator(standalone=True, clusterwide=True)`` in its own thread and loop against ``cluster``.
 
     ``module_or_path``: a callable taking the registry (handlers declared with ``registry=...``), a module,
     a dotted module name or a ``.py`` path (see ``_source_registry``). Every run gets a fresh registry and
     a fresh event loop, so an operator can be restarted within one test. ``stop_after``: stop by itself.
+    ``memo``: the operator-level ``kopf.Memo`` handlers receive (shallow-copied per object).
     """
     import kopf
     registry = kopf.OperatorRegistry()  # not the "smart" one: no fallback logins via ~/.kube/config
@@ -806,7 +807,7 @@ def run_kopf_operator(module_or_path: Any, cluster: Cluster, *, stop_after: floa
     def main() -> None:
         try:
             asyncio.run(kopf.operator(registry=registry, standalone=True, clusterwide=True,
-                                      stop_flag=stop_flag, ready_flag=ready_flag))
+                                      stop_flag=stop_flag, ready_flag=ready_flag, memo=memo))
         except BaseException as e:  # noqa: BLE001 (reported by the harness)
             failure.append(e)
             ready_flag.set()

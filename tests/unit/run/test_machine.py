@@ -26,13 +26,12 @@ def _spec(**policy):
 PLAN = plan_run(_spec(), "/runs/tiny-wan", repo=REPO, environ={})
 
 
-def _done(stage, *, final=True, validation="complete", result="complete", problem=None):
+def _done(stage, *, final="verified", validation="complete", result="complete", problems=()):
     p = PLAN.stage(stage)
-    path = f"{p.stage_dir}/checkpoints/step_{p.final_step:08d}" if p.final_step else None
     return StageFiles(exists=True, launched=True, result=result,
-                      latest=(p.final_step, path) if final and p.final_step else None,
-                      final_problem=problem, validation=(p.validation_step or 0, validation) if validation else None,
-                      last_activity=T0)
+                      latest=p.final_step if final == "verified" and p.final_step else None,
+                      final=final if p.final_step else None, final_problems=problems,
+                      marker=validation is not None, marker_status=validation, last_activity=T0)
 
 
 class Sim:
@@ -107,9 +106,9 @@ def test_an_invalid_run_fails_without_a_job(reason):
 
 
 @pytest.mark.parametrize("files, reason", [
-    (dict(problem="CheckpointMissing: /runs/tiny-wan/fm/checkpoints/step_00000004 does not exist"), "CheckpointMissing"),
-    (dict(problem="CheckpointIncomplete: ...: no COMPLETE.json"), "CheckpointIncomplete"),
-    (dict(problem="CheckpointUnverifiable: ...: member model/live.safetensors has 3 bytes"), "CheckpointUnverifiable"),
+    (dict(final="missing"), "CheckpointMissing"),
+    (dict(final="incomplete", problems=("no COMPLETE.json",)), "CheckpointIncomplete"),
+    (dict(final="unverifiable", problems=("member model/live.safetensors has 3 bytes",)), "CheckpointUnverifiable"),
     (dict(validation=None), "ValidationIncomplete"),
     (dict(result="failed"), "ResultIncomplete"),
 ])
@@ -127,7 +126,7 @@ def test_failed_jobs_retry_from_the_last_checkpoint_until_the_backoff_limit():
     sim = Sim(_spec(backoffLimit=1))
     sim.step()
     sim.files["fm"] = StageFiles(exists=True, launched=True, result="failed",
-                                 latest=(2, "/runs/tiny-wan/fm/checkpoints/step_00000002"), last_activity=T0)
+                                 latest=2, last_activity=T0)
     sim.jobs["fm"] = JobState("tiny-wan-fm", "Failed", "exit code 1")
     d = sim.step()
     assert [(a.kind, a.stage) for a in d.actions] == [("delete_job", "fm")]
@@ -171,7 +170,7 @@ def test_suspend_deletes_the_job_and_resume_continues_from_the_checkpoint():
     sim.succeed("fm")
     sim.step()
     sim.jobs["anyflow"] = JobState("tiny-wan-anyflow", "Running")
-    sim.files["anyflow"] = StageFiles(exists=True, launched=True, latest=(2, "/runs/tiny-wan/anyflow/checkpoints/step_00000002"),
+    sim.files["anyflow"] = StageFiles(exists=True, launched=True, latest=2,
                                       last_activity=T0)
     sim.spec = _spec(suspend=True)
     d = sim.step(generation=2)
@@ -195,3 +194,62 @@ def test_conditions_keep_their_transition_time_while_unchanged():
     sim.jobs["fm"] = JobState("tiny-wan-fm", "Running")
     sim.step()
     assert sim.condition("Validated").lastTransitionTime == first
+
+
+def test_a_job_created_before_an_operator_restart_is_adopted_not_duplicated():
+    sim = Sim()
+    sim.step()
+    sim.status = None  # the status patch never landed; the job did
+    sim.jobs["fm"] = JobState("tiny-wan-fm", "Running", attempt=1, created=T0)
+    d = sim.step()
+    assert not d.actions and sim.status.stage("fm").job == "tiny-wan-fm" and sim.status.stage("fm").attempt == 1
+    assert [e[1] for e in d.events] == ["Resolved", "JobAdopted", "StageRunning"]
+    assert not sim.step().events  # adopted once
+
+
+def test_every_stage_transition_has_an_event():
+    sim = Sim()
+    sim.step()
+    sim.jobs["fm"] = JobState("tiny-wan-fm", "Running")
+    sim.step()
+    sim.succeed("fm")
+    sim.step()
+    reasons = [e[1] for e in sim.events]
+    assert reasons == ["Resolved", "StageStarted", "StageRunning", "StageSucceeded", "StageStarted"]
+
+
+def test_the_deadline_of_a_retry_runs_from_its_own_job_not_the_stage_start():
+    sim = Sim(_spec(progressDeadlineSeconds=600, backoffLimit=2))
+    sim.step()
+    sim.now = T0 + 5000
+    sim.jobs["fm"] = JobState("tiny-wan-fm", "Created", created=T0 + 4900)  # attempt 2's pods are pending
+    sim.files["fm"] = StageFiles(exists=True, launched=True, latest=2, last_activity=T0 + 1000)
+    assert not sim.step().actions and sim.status.phase == "Running"
+    sim.now = T0 + 5501
+    assert [a.kind for a in sim.step().actions] == ["delete_job"]
+    assert sim.condition("Failed").reason == "ProgressDeadlineExceeded" and "for 601s" in sim.condition("Failed").message
+
+
+def test_status_step_is_the_current_stages_newest_checkpoint():
+    sim = Sim()
+    sim.step()
+    sim.jobs["fm"] = JobState("tiny-wan-fm", "Running")
+    sim.files["fm"] = StageFiles(exists=True, launched=True, latest=2, last_activity=T0)
+    sim.step()
+    assert sim.status.step == 2
+    sim.succeed("fm")
+    sim.step()
+    assert sim.status.currentStage == "anyflow" and sim.status.step is None  # the new stage has none yet
+
+
+def test_a_rejected_job_fails_the_run_with_the_servers_reason():
+    from solar.run import conditions as C
+    from solar.run.machine import fail_stage
+
+    sim = Sim()
+    sim.step()
+    d = fail_stage(sim.spec, sim.status, stage="fm", reason=C.JOB_REJECTED,
+                   message=C.JOB_REJECTED.message(stage="fm", job="tiny-wan-fm", detail="spec.volumes[0]: invalid"),
+                   now=T0 + 1, generation=1)
+    assert d.status.phase == "Failed" and d.status.stage("fm").reason == "JobRejected"
+    assert next(c for c in d.status.conditions if c.type == "Failed").status == "True"

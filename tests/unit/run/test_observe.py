@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import json
 
-from solar.run.observe import observe_stage
+from solar.run.observe import LazyStageFiles, observe_stage
 from solar.storage import checkpoints as ckpt
 
 
@@ -27,28 +27,39 @@ def test_missing_directory_and_complete_stage(tmp_path):
     marker.parent.mkdir(parents=True)
     marker.write_text(json.dumps({"status": "partial"}))
     files = observe_stage(run, final_step=4, validation_step=4, generation=False)
-    assert files.launched and files.result == "complete" and files.final_problem is None
-    assert files.latest == (4, str(run / "checkpoints" / "step_00000004"))
-    assert files.validation == (4, "partial") and files.last_activity is not None
+    assert files.launched and files.result == "complete" and files.final == "verified"
+    assert files.latest == 4
+    assert files.marker and files.marker_status == "partial" and files.last_activity is not None
 
 
 def test_final_checkpoint_problems_are_named(tmp_path):
     run = tmp_path / "fm"
     _checkpoint(run, 2)
     files = observe_stage(run, final_step=4, validation_step=4, generation=False)
-    assert files.final_problem.startswith("CheckpointMissing") and files.latest[0] == 2 and files.validation is None
+    assert files.final == "missing" and files.latest == 2 and not files.marker
     final = _checkpoint(run, 4)
     (final / "model" / "blob.bin").write_bytes(b"tampered!!")
-    assert observe_stage(run, final_step=4, validation_step=None, generation=False).final_problem.startswith(
-        "CheckpointUnverifiable")
+    files = observe_stage(run, final_step=4, validation_step=None, generation=False)
+    assert files.final == "unverifiable" and "member model/blob.bin has 10 bytes" in files.final_problems[0]
+    assert files.latest == 2  # the newest checkpoint that verifies
     (final / "COMPLETE.json").unlink()
     files = observe_stage(run, final_step=4, validation_step=None, generation=False)
-    assert files.final_problem.startswith("CheckpointIncomplete") and files.latest[0] == 2
+    assert files.final == "incomplete" and files.latest == 2
 
 
 def test_generation_marker_for_inference_stages(tmp_path):
     run = tmp_path / "generate"
     (run / "generation").mkdir(parents=True)
-    assert observe_stage(run, final_step=None, validation_step=None, generation=True).validation is None
+    assert not observe_stage(run, final_step=None, validation_step=None, generation=True).marker
     (run / "generation" / "COMPLETE.json").write_text(json.dumps({"status": "complete"}))
-    assert observe_stage(run, final_step=None, validation_step=None, generation=True).validation == (0, "complete")
+    files = observe_stage(run, final_step=None, validation_step=None, generation=True)
+    assert files.marker and files.marker_status == "complete"
+
+
+def test_lazy_files_observe_a_stage_once_and_only_when_asked(tmp_path):
+    seen = []
+    files = LazyStageFiles(["fm", "anyflow"], lambda name: seen.append(name) or observe_stage(
+        tmp_path / name, final_step=None, validation_step=None, generation=False))
+    assert list(files) == ["fm", "anyflow"] and not seen
+    assert not files["fm"].exists and not files.get("fm").exists and files.get("nope") is None
+    assert seen == ["fm"]

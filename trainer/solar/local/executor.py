@@ -23,9 +23,9 @@ from pathlib import Path
 from solar.config.canonical import pretty_bytes
 from solar.errors import SolarError
 from solar.run.machine import JobState, Observation, reconcile
-from solar.run.observe import observe_stage
+from solar.run.observe import LazyStageFiles, observe_stage
 from solar.run.plan import RunInvalid, RunPlan, StagePlan, plan_run
-from solar.run.spec import SolarRun, SolarRunStatus
+from solar.run.spec import SolarRun, SolarRunStatus, first_error
 from solar.storage.atomic import write_replace
 
 POLL_SECONDS = 1.0
@@ -40,16 +40,14 @@ def load_manifest(path: str) -> SolarRun:
     try:
         return SolarRun.model_validate(tree)
     except ValidationError as exc:
-        first = exc.errors()[0]
-        where = ".".join(str(p) for p in first["loc"])
-        raise SolarError(f"{path}: {where}: {first['msg']}") from None
+        raise SolarError(f"{path}: {first_error(exc)}") from None
 
 
 class LocalJob:
     """One stage attempt as a process group, its output copied to a log and to stderr."""
 
     def __init__(self, name: str, stage: str, argv: list[str], log: Path, echo) -> None:
-        self.name, self.stage = name, stage
+        self.name, self.stage, self.created = name, stage, time.time()
         log.parent.mkdir(parents=True, exist_ok=True)
         self.log = open(log, "ab")
         self.proc = subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, start_new_session=True,
@@ -70,12 +68,13 @@ class LocalJob:
     def state(self) -> JobState:
         code = self.proc.poll()
         if code is None:
-            return JobState(self.name, "Running")
+            return JobState(self.name, "Running", created=self.created)
         self.pump.join(timeout=5)
         if code == 0:
-            return JobState(self.name, "Succeeded")
-        errors = [line for line in self.tail if "error" in line.lower()]
-        return JobState(self.name, "Failed", f"exit code {code}" + (f": {errors[-1]}" if errors else ""))
+            return JobState(self.name, "Succeeded", created=self.created)
+        errors = [line for line in self.tail if "error" in line.lower() and "traceback" not in line.lower()]
+        return JobState(self.name, "Failed", f"exit code {code}" + (f": {errors[-1].strip()}" if errors else ""),
+                        created=self.created)
 
     def stop(self) -> None:
         if self.proc.poll() is None:
@@ -136,8 +135,9 @@ def run_manifest(path: str, *, workdir: str = "solar-runs", nproc: int | None = 
 def _loop(spec, name: str, plan: RunPlan, status, jobs, status_path: Path, root: Path, echo, interrupted):
     generation = 1
     while not interrupted:
-        files = {p.name: observe_stage(p.stage_dir, final_step=p.final_step, validation_step=p.validation_step,
-                                       generation=p.generation) for p in plan.stages}
+        files = LazyStageFiles([p.name for p in plan.stages], lambda stage: observe_stage(
+            plan.stage(stage).stage_dir, final_step=plan.stage(stage).final_step,
+            validation_step=plan.stage(stage).validation_step, generation=plan.stage(stage).generation))
         obs = Observation(name, generation, time.time(), plan=plan,
                           jobs={s: j.state() for s, j in jobs.items()}, files=files)
         decision = reconcile(spec, status, obs)

@@ -1,44 +1,40 @@
 """The SolarRun state machine: (spec, previous status, observations) -> (status, actions, events).
 
 Pure: no clock, no API, no files. The operator and ``solar run`` observe (jobs or local process
-groups, stage directories), call ``reconcile`` and carry out its actions.
+groups, stage directories), call ``reconcile`` and carry out its actions. The rules live one per
+module (``success``, ``failure``, ``progress_deadline``, ``resume``, ``suspend``); reasons and
+messages in ``conditions``. Stages run in order; the current stage is the first not Succeeded.
 
-Stages run in order; the current stage is the first that has not succeeded.
-
-- Invalid spec (any stage fails to resolve)        -> Failed, Validated=False/<reason>; no job.
-- spec.runPolicy.suspend                            -> delete the current job; Suspended.
-- current stage has no job                          -> create it: attempt 1 fresh; a later attempt
-                                                       resumes from the stage's newest verified
-                                                       checkpoint (training) or continues
-                                                       (inference); nothing to resume from in a
-                                                       used directory -> Failed/NothingToResume.
-- job Succeeded                                     -> the stage succeeds only if run-result.json
-                                                       says complete, the final checkpoint verifies
-                                                       and the expected validation marker exists;
-                                                       otherwise Failed with ResultIncomplete,
-                                                       CheckpointMissing|Incomplete|Unverifiable or
-                                                       ValidationIncomplete. Then the next stage.
-- job Failed                                        -> delete it and retry while its failures <=
-                                                       backoffLimit, else Failed/BackoffLimitExceeded
-                                                       (suspending and resuming costs no retry).
-- job pending or running                            -> Running; no checkpoint, heartbeat or event
-                                                       for progressDeadlineSeconds ->
-                                                       Failed/ProgressDeadlineExceeded (job deleted).
-- every stage succeeded                             -> Succeeded, Ready=True.
+    spec does not resolve (any stage)          -> Failed, Validated=False/<reason>; no job
+    spec.runPolicy.suspend                     -> delete the current job; Suspended
+    current stage has no job                   -> create one (resume.py: fresh, from the newest
+                                                  verified checkpoint, or NothingToResume)
+    a job the status does not know about       -> adopt it (an operator restarted between creating
+                                                  a job and recording it)
+    job being deleted                          -> wait for it to go
+    job Succeeded                              -> stage Succeeded if success.py agrees, else Failed
+                                                  with its reason; then the next stage at once
+    job Failed                                 -> failure.py: delete and retry, or
+                                                  BackoffLimitExceeded (the job is kept)
+    job created/pending/running/restarting     -> Pending|Running; progress_deadline.py may fail it
+                                                  (ProgressDeadlineExceeded, job deleted)
+    every stage Succeeded                      -> Succeeded, Ready=True
 
 Failed and Succeeded are final: a finished run is never restarted (create a new SolarRun).
+Every stage transition produces an event.
 """
 
 from __future__ import annotations
 
 import datetime as dt
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 
+from solar.run import conditions as C
+from solar.run import failure, progress_deadline, resume, success, suspend
 from solar.run.observe import StageFiles
-from solar.run.plan import RunInvalid, RunPlan, job_name
-from solar.run.spec import (
-    CheckpointStatus, Condition, SolarRunSpec, SolarRunStatus, StageStatus, StatusTopology, ValidationStatus,
-)
+from solar.run.plan import RunInvalid, RunPlan, StagePlan, job_name
+from solar.run.spec import CheckpointStatus, SolarRunSpec, SolarRunStatus, StageStatus, StatusTopology, ValidationStatus
 
 TERMINAL = ("Succeeded", "Failed")
 
@@ -49,17 +45,19 @@ class JobState:
     phase: str | None          # Created|Running|Restarting|Succeeded|Failed|Suspended; None: no condition yet
     message: str = ""
     deleting: bool = False     # deletion requested (deletionTimestamp set): wait until it is gone
+    attempt: int | None = None  # the attempt it runs (the job's solarwm.io/attempt label)
+    created: float | None = None  # when it was created (epoch seconds)
 
 
 @dataclass
 class Observation:
     run: str
     generation: int
-    now: float                                  # epoch seconds
+    now: float                                          # epoch seconds
     plan: RunPlan | None = None
     invalid: RunInvalid | None = None
-    jobs: dict[str, JobState] = field(default_factory=dict)      # stage -> its job, when it exists
-    files: dict[str, StageFiles] = field(default_factory=dict)   # stage -> its directory
+    jobs: Mapping[str, JobState] = field(default_factory=dict)     # stage -> its job, when it exists
+    files: Mapping[str, StageFiles] = field(default_factory=dict)  # stage -> its directory
 
 
 @dataclass(frozen=True)
@@ -92,189 +90,203 @@ def parse_iso(text: str | None) -> float | None:
 class _Run:
     """The status under construction, with the bookkeeping every transition shares."""
 
-    def __init__(self, spec: SolarRunSpec, previous: SolarRunStatus | None, obs: Observation) -> None:
-        self.spec, self.obs = spec, obs
+    def __init__(self, spec: SolarRunSpec | None, previous: SolarRunStatus | None, now: float,
+                 generation: int, run: str = "") -> None:
+        self.now, self.generation, self.run = now, generation, run
         status = previous.model_copy(deep=True) if previous else SolarRunStatus()
         known = {s.name: s for s in status.stages}
         if spec is not None:  # None: a spec that does not even parse (reported invalid)
             status.stages = [known.get(s.name) or StageStatus(name=s.name) for s in spec.stages]
-        status.observedGeneration = obs.generation
+        status.observedGeneration = generation
         self.status = status
         self.decision = Decision(status)
 
-    def condition(self, type_: str, value: str, reason: str, message: str = "") -> None:
-        now = iso(self.obs.now)
-        for c in self.status.conditions:
-            if c.type == type_:
-                if c.status != value:
-                    c.lastTransitionTime = now
-                c.status, c.reason, c.message, c.observedGeneration = value, reason, message, self.obs.generation
-                return
-        self.status.conditions.append(Condition(type=type_, status=value, reason=reason, message=message,
-                                                lastTransitionTime=now, observedGeneration=self.obs.generation))
+    def condition(self, type_: str, value: str, reason: C.Reason | str, message: str = "") -> None:
+        C.set_condition(self.status.conditions, type_, value, reason, message, now=iso(self.now),
+                        generation=self.generation)
 
-    def event(self, kind: str, reason: str, message: str) -> None:
-        self.decision.events.append((kind, reason, message))
+    def event(self, kind: str, reason: C.Reason | str, message: str) -> None:
+        self.decision.events.append((kind, reason.name if isinstance(reason, C.Reason) else reason, message))
 
-    def stage_phase(self, st: StageStatus, phase: str) -> None:
-        if st.phase != phase:
+    def stage_phase(self, st: StageStatus, phase: str) -> bool:
+        changed = st.phase != phase
+        if changed:
             self.decision.transitions.append((st.name, phase))
         st.phase = phase
+        return changed
 
-    def fail(self, st: StageStatus | None, reason: str, message: str) -> None:
+    def fail(self, st: StageStatus | None, reason: C.Reason | str, message: str) -> Decision:
+        name = reason.name if isinstance(reason, C.Reason) else reason
         if st is not None:
             self.stage_phase(st, "Failed")
-            st.reason, st.message, st.completionTime = reason, message, iso(self.obs.now)
+            st.reason, st.message, st.completionTime = name, message, iso(self.now)
         self.status.phase = "Failed"
-        self.condition("Failed", "True", reason, message)
-        self.condition("Progressing", "False", reason, message)
-        self.condition("Ready", "False", reason, message)
-        self.event("Warning", reason, message)
+        self.condition(C.FAILED, "True", name, message)
+        self.condition(C.READY, "False", name, message)
+        self.event("Warning", name, message)
+        return self.decision
 
 
 def reconcile(spec: SolarRunSpec | None, previous: SolarRunStatus | None, obs: Observation) -> Decision:
     """``spec`` None means it does not parse; ``obs.invalid`` then says why."""
     if spec is None and obs.invalid is None:
         raise ValueError("reconcile without a spec needs obs.invalid")
-    r = _Run(spec, previous, obs)
+    r = _Run(spec, previous, obs.now, obs.generation, obs.run)
     status = r.status
     if previous is not None and previous.phase in TERMINAL:
         return r.decision
     if obs.invalid is not None:
         st = status.stage(obs.invalid.stage) if obs.invalid.stage else None
-        r.condition("Validated", "False", obs.invalid.reason, obs.invalid.message)
-        r.fail(st, obs.invalid.reason, obs.invalid.message)
-        return r.decision
+        r.condition(C.VALIDATED, "False", obs.invalid.reason, obs.invalid.message)
+        return r.fail(st, obs.invalid.reason, obs.invalid.message)
     plan = obs.plan
-    if previous is None or not any(c.type == "Validated" and c.status == "True" for c in previous.conditions):
-        r.event("Normal", "Validated", f"{len(plan.stages)} stages resolved")
-    r.condition("Validated", "True", "Resolved", f"{len(plan.stages)} stages resolved")
+    message = C.RESOLVED.message(stages=len(plan.stages))
+    if previous is None or not C.is_true(previous.conditions, C.VALIDATED):
+        r.event("Normal", C.RESOLVED, message)
+    r.condition(C.VALIDATED, "True", C.RESOLVED, message)
     status.topology = StatusTopology(worldSize=plan.world_size, logicalDataParallelSize=plan.logical_dp,
                                      globalBatchSize=plan.global_batch)
-    policy = spec.runPolicy
     current = next((st for st in status.stages if st.phase != "Succeeded"), None)
     if current is None:
         return _succeeded(r)
-    if policy.suspend:
-        return _suspend(r, current)
-    if previous is not None and previous.phase == "Suspended":
-        r.condition("Suspended", "False", "Resumed", "spec.runPolicy.suspend is false")
-        r.event("Normal", "Resumed", f"resuming stage {current.name}")
+    mode = suspend.suspended(spec.runPolicy.suspend, previous.phase if previous else None)
+    if mode == "suspend":
+        return _suspend(r, current, obs.jobs.get(current.name))
+    if mode == "resume":
+        r.condition(C.SUSPENDED, "False", C.RESUMED, C.RESUMED.message(stage=current.name))
+        r.event("Normal", C.RESUMED, C.RESUMED.message(stage=current.name))
     for st in status.stages:
         if st.phase == "Succeeded":
             continue
-        status.currentStage = st.name
-        p = plan.stage(st.name)
-        files = obs.files.get(st.name) or StageFiles(exists=False)
-        if files.latest:
-            status.step = files.latest[0]
-        job = obs.jobs.get(st.name)
-        if job is not None and job.deleting:
-            status.phase = "Running"
-            return r.decision      # the previous attempt's job is still going away
-        if job is None:
-            _start(r, st, p, files)
+        if not _advance(r, spec, st, plan.stage(st.name), obs):
             return r.decision
-        if job.phase == "Succeeded":
-            problem = _completion_problem(p, files)
-            if problem:
-                reason, _, message = problem.partition(": ")
-                r.fail(st, reason, f"stage {st.name}: {message}")
-                return r.decision
-            _stage_done(r, st, p, files)
-            continue
-        if job.phase == "Failed":
-            detail = "; ".join(x for x in (job.message, files.result_message) if x)
-            st.failures += 1
-            if st.failures <= policy.backoffLimit:
-                r.decision.actions.append(Action("delete_job", st.name, job.name))
-                st.reason, st.message = "JobFailed", f"attempt {st.attempt} failed: {detail or 'no message'}; retrying"
-                r.condition("Progressing", "True", "StageRetrying", st.message)
-                r.event("Warning", "JobFailed", f"stage {st.name} {st.message}")
-                status.phase = "Running"
-                return r.decision
-            r.fail(st, "BackoffLimitExceeded", f"stage {st.name} failed {st.failures} times "
-                                               f"(backoffLimit {policy.backoffLimit}): {detail or 'no message'}")
-            return r.decision
-        # created, pending, running, restarting
-        r.stage_phase(st, "Running" if job.phase == "Running" else "Pending")
-        status.phase = "Running"
-        last = max(x for x in (files.last_activity, parse_iso(st.startTime), 0.0) if x is not None)
-        if obs.now - last > policy.progressDeadlineSeconds:
-            r.decision.actions.append(Action("delete_job", st.name, job.name))
-            r.fail(st, "ProgressDeadlineExceeded",
-                   f"stage {st.name}: no checkpoint, heartbeat or event for {obs.now - last:.0f}s "
-                   f"(progressDeadlineSeconds {policy.progressDeadlineSeconds}); its job was deleted")
-            return r.decision
-        r.condition("Progressing", "True", "StageRunning", f"stage {st.name} attempt {st.attempt}")
-        return r.decision
     return _succeeded(r)
 
 
-def _start(r: _Run, st: StageStatus, p, files: StageFiles) -> None:
+def _advance(r: _Run, spec: SolarRunSpec, st: StageStatus, p: StagePlan, obs: Observation) -> bool:
+    """One stage's step; True when it succeeded and the next stage may go on in this reconcile."""
+    status = r.status
+    status.currentStage = st.name
+    status.phase = "Running"
+    files = obs.files.get(st.name) or StageFiles(exists=False)
+    if p.action == "train":
+        status.step = files.latest
+    job = obs.jobs.get(st.name)
+    if job is not None and job.deleting:
+        return False                                     # the previous attempt's job is still going away
+    if job is None:
+        _start(r, st, p, files)
+        return False
+    _adopt(r, st, job)
+    if job.phase == "Succeeded":
+        problem = success.completion_problem(p, files)
+        if problem:
+            r.fail(st, *problem)
+            return False
+        _stage_done(r, st, p, files)
+        return True
+    if job.phase == "Failed":
+        _job_failed(r, spec, st, job, files)
+        return False
+    phase = "Running" if job.phase in ("Running", "Restarting") else "Pending"
+    if r.stage_phase(st, phase) and phase == "Running":
+        r.event("Normal", C.STAGE_RUNNING, C.STAGE_RUNNING.message(stage=st.name, attempt=st.attempt))
+    limit = spec.runPolicy.progressDeadlineSeconds
+    started = job.created if job.created is not None else parse_iso(st.startTime)
+    idle = progress_deadline.exceeded(obs.now, last_activity=files.last_activity, attempt_started=started, limit=limit)
+    if idle is not None:
+        r.decision.actions.append(Action("delete_job", st.name, job.name))
+        r.fail(st, C.PROGRESS_DEADLINE_EXCEEDED,
+               C.PROGRESS_DEADLINE_EXCEEDED.message(stage=st.name, idle=f"{idle:.0f}", limit=limit))
+        return False
+    if phase == "Running":  # while its pods are pending, Progressing keeps saying how the attempt started
+        r.condition(C.PROGRESSING, "True", C.STAGE_RUNNING, C.STAGE_RUNNING.message(stage=st.name, attempt=st.attempt))
+    return False
+
+
+def _start(r: _Run, st: StageStatus, p: StagePlan, files: StageFiles) -> None:
     attempt = st.attempt + 1
-    resume = None
-    if p.action == "train" and files.latest is not None:
-        resume = files.latest[1]
-    elif p.action == "train" and files.launched:
-        r.fail(st, "NothingToResume", f"stage {st.name}: attempt {st.attempt} left a run directory without a "
-                                      "verified checkpoint; a restart would not continue it")
+    start = resume.next_start(p, files, attempt)
+    if start is None:
+        r.fail(st, C.NOTHING_TO_RESUME, C.NOTHING_TO_RESUME.message(stage=st.name, attempt=st.attempt, dir=p.stage_dir))
         return
-    name = job_name(r.obs.run, st.name)
-    r.decision.actions.append(Action("create_job", st.name, name, attempt, resume))
+    name = job_name(r.run, st.name)
+    r.decision.actions.append(Action("create_job", st.name, name, attempt, start.resume_from))
     st.job, st.attempt = name, attempt
-    st.startTime = st.startTime or iso(r.obs.now)
+    st.startTime = st.startTime or iso(r.now)
     st.reason = st.message = None
     r.stage_phase(st, "Pending")
-    r.status.phase = "Running"
-    r.status.currentStage = st.name
-    what = f"from {resume}" if resume else ("continuing" if attempt > 1 else "fresh")
-    r.condition("Progressing", "True", "StageStarted", f"stage {st.name} attempt {attempt} ({what})")
-    r.event("Normal", "StageStarted", f"stage {st.name} attempt {attempt} ({what}): job {name}")
+    message = C.STAGE_STARTED.message(stage=st.name, attempt=attempt, how=start.how, job=name)
+    r.condition(C.PROGRESSING, "True", C.STAGE_STARTED, message)
+    r.event("Normal", C.STAGE_STARTED, message)
 
 
-def _completion_problem(p, files: StageFiles) -> str | None:
-    if files.result != "complete":
-        return f"ResultIncomplete: the job succeeded but run-result.json says {files.result or 'nothing'}"
-    if p.final_step is not None and files.final_problem:
-        return files.final_problem
-    if (p.validation_step is not None or p.generation) and files.validation is None:
-        where = f"validation step {p.validation_step}" if p.validation_step else "generation"
-        return f"ValidationIncomplete: {where} has no COMPLETE.json"
-    return None
+def _adopt(r: _Run, st: StageStatus, job: JobState) -> None:
+    """A job the status does not record (created just before an operator restart): take it as ours."""
+    attempt = job.attempt or max(st.attempt, 1)
+    if st.job == job.name and st.attempt == attempt:
+        return
+    st.job, st.attempt = job.name, attempt
+    st.startTime = st.startTime or iso(job.created if job.created is not None else r.now)
+    r.event("Normal", C.JOB_ADOPTED, C.JOB_ADOPTED.message(stage=st.name, job=job.name, attempt=attempt))
 
 
-def _stage_done(r: _Run, st: StageStatus, p, files: StageFiles) -> None:
-    now = iso(r.obs.now)
+def _job_failed(r: _Run, spec: SolarRunSpec, st: StageStatus, job: JobState, files: StageFiles) -> None:
+    limit = spec.runPolicy.backoffLimit
+    verdict = failure.on_job_failed(failures=st.failures, backoff_limit=limit, job_message=job.message,
+                                    result_message=files.result_message)
+    st.failures = verdict.failures
+    if not verdict.retry:
+        r.fail(st, C.BACKOFF_LIMIT_EXCEEDED, C.BACKOFF_LIMIT_EXCEEDED.message(
+            stage=st.name, failures=verdict.failures, limit=limit, detail=verdict.detail))
+        return
+    r.decision.actions.append(Action("delete_job", st.name, job.name))
+    st.reason = C.JOB_FAILED.name
+    st.message = C.STAGE_RETRYING.message(stage=st.name, attempt=st.attempt, detail=verdict.detail,
+                                          failures=verdict.failures, limit=limit)
+    r.condition(C.PROGRESSING, "True", C.STAGE_RETRYING, st.message)
+    r.event("Warning", C.JOB_FAILED, st.message)
+
+
+def _stage_done(r: _Run, st: StageStatus, p: StagePlan, files: StageFiles) -> None:
+    now = iso(r.now)
     r.stage_phase(st, "Succeeded")
     st.completionTime = now
     st.reason, st.message = "Completed", None
+    what = ""
     if p.final_step is not None:
-        st.checkpoint = CheckpointStatus(step=p.final_step, path=f"{p.stage_dir}/checkpoints/step_{p.final_step:08d}",
-                                         verifiedAt=now)
+        st.checkpoint = CheckpointStatus(step=p.final_step, path=p.checkpoint_dir(p.final_step), verifiedAt=now)
         r.status.step = p.final_step
-    if files.validation is not None:
-        st.validation = ValidationStatus(step=p.validation_step, complete=files.validation[1] == "complete")
-    r.event("Normal", "StageSucceeded", f"stage {st.name} succeeded")
+        what = f" (checkpoint step {p.final_step})"
+    if files.marker:
+        st.validation = ValidationStatus(step=p.validation_step, complete=files.marker_status == "complete")
+    r.event("Normal", C.STAGE_SUCCEEDED, C.STAGE_SUCCEEDED.message(stage=st.name, what=what))
 
 
 def _succeeded(r: _Run) -> Decision:
     r.status.phase = "Succeeded"
-    r.condition("Ready", "True", "Completed", "every stage succeeded")
-    r.condition("Progressing", "False", "Completed", "every stage succeeded")
-    r.event("Normal", "Completed", "every stage succeeded")
+    message = C.COMPLETED.message()
+    r.condition(C.READY, "True", C.COMPLETED, message)
+    r.condition(C.PROGRESSING, "False", C.COMPLETED, message)
+    r.event("Normal", C.COMPLETED, message)
     return r.decision
 
 
-def _suspend(r: _Run, current: StageStatus) -> Decision:
-    job = r.obs.jobs.get(current.name)
-    if job is not None:
+def _suspend(r: _Run, current: StageStatus, job: JobState | None) -> Decision:
+    if job is not None and not job.deleting:
         r.decision.actions.append(Action("delete_job", current.name, job.name))
-    if r.status.phase != "Suspended":
-        r.event("Normal", "Suspended", f"stage {current.name} suspended; it resumes from its last checkpoint")
-    r.stage_phase(current, "Suspended")
+    message = C.SUSPEND_REQUESTED.message(stage=current.name)
+    if r.stage_phase(current, "Suspended"):
+        r.event("Normal", C.SUSPEND_REQUESTED, message)
     r.status.phase = "Suspended"
     r.status.currentStage = current.name
-    r.condition("Suspended", "True", "SuspendRequested", "spec.runPolicy.suspend is true")
-    r.condition("Progressing", "False", "Suspended", "spec.runPolicy.suspend is true")
+    r.condition(C.SUSPENDED, "True", C.SUSPEND_REQUESTED, message)
+    r.condition(C.PROGRESSING, "False", C.SUSPEND_REQUESTED, message)
     return r.decision
+
+
+def fail_stage(spec: SolarRunSpec, previous: SolarRunStatus, *, stage: str, reason: C.Reason, message: str,
+               now: float, generation: int) -> Decision:
+    """Fail a run from outside the observations (the API server rejected a job it asked for)."""
+    r = _Run(spec, previous, now, generation)
+    return r.fail(r.status.stage(stage), reason, message)

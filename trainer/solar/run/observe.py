@@ -3,12 +3,13 @@
 A stage directory is the trainer's run directory: ``run-result.json``, ``checkpoints/step_N``
 (verified, never trusted by name), ``validation/step_N/COMPLETE.json`` or
 ``generation/COMPLETE.json``, and ``events``/``heartbeat`` files whose modification times show
-progress.
+progress. ``LazyStageFiles`` observes a stage only when the state machine asks about it.
 """
 
 from __future__ import annotations
 
 import json
+from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -21,9 +22,11 @@ class StageFiles:
     launched: bool = False                  # launch-manifest.json exists: the directory is a run's
     result: str | None = None               # run-result.json status (complete, failed, stopped, ...)
     result_message: str | None = None
-    latest: tuple[int, str] | None = None   # (step, path) of the newest verified checkpoint
-    final_problem: str | None = None        # why the expected final checkpoint does not count (None: it does)
-    validation: tuple[int, str] | None = None   # (step, status) of the expected validation marker
+    latest: int | None = None               # step of the newest verified checkpoint
+    final: str | None = None                # the expected final checkpoint: verified|missing|incomplete|unverifiable
+    final_problems: tuple[str, ...] = ()
+    marker: bool = False                    # the expected validation/generation COMPLETE.json exists
+    marker_status: str | None = None        # its status (complete | partial)
     last_activity: float | None = None      # newest mtime of heartbeats, events, checkpoints (epoch seconds)
 
 
@@ -35,6 +38,16 @@ def _mtime(paths) -> float | None:
         except OSError:
             pass
     return max(times) if times else None
+
+
+def _final(root: Path, step: int) -> tuple[str, tuple[str, ...]]:
+    path = root / "checkpoints" / ckpt.step_name(step)
+    if not path.exists():
+        return "missing", ()
+    report = ckpt.verify(path)
+    if not report["complete"]:
+        return "incomplete", tuple(report["problems"])
+    return ("verified", ()) if report["valid"] else ("unverifiable", tuple(report["problems"]))
 
 
 def observe_stage(stage_dir: str | Path, *, final_step: int | None, validation_step: int | None,
@@ -49,30 +62,40 @@ def observe_stage(stage_dir: str | Path, *, final_step: int | None, validation_s
     except (OSError, ValueError):
         pass
     latest = ckpt.latest_valid(root)
-    latest_pair = (latest["step"], latest["path"]) if latest else None
-    final_problem = None
-    if final_step is not None:
-        path = root / "checkpoints" / f"step_{final_step:08d}"
-        if not path.exists():
-            final_problem = f"CheckpointMissing: {path} does not exist"
-        else:
-            report = ckpt.verify(path)
-            if not report["complete"]:
-                final_problem = f"CheckpointIncomplete: {path}: {'; '.join(report['problems'])}"
-            elif not report["valid"]:
-                final_problem = f"CheckpointUnverifiable: {path}: {'; '.join(report['problems'])}"
-    validation = None
-    marker = None
+    final, problems = _final(root, final_step) if final_step is not None else (None, ())
+    marker_path = None
     if validation_step is not None:
-        marker = root / "validation" / f"step_{validation_step:08d}" / "COMPLETE.json"
+        marker_path = root / "validation" / f"step_{validation_step:08d}" / "COMPLETE.json"
     elif generation:
-        marker = root / "generation" / "COMPLETE.json"
-    if marker is not None and marker.is_file():
+        marker_path = root / "generation" / "COMPLETE.json"
+    marker, marker_status = False, None
+    if marker_path is not None:
         try:
-            validation = (validation_step or 0, json.loads(marker.read_text()).get("status", "complete"))
+            doc = json.loads(marker_path.read_text())
+            marker, marker_status = True, doc.get("status", "complete")
         except (OSError, ValueError):
-            validation = None
+            pass
     activity = _mtime(list((root / "heartbeat").glob("*.json")) + list((root / "events").glob("*.jsonl"))
                       + list((root / "checkpoints").glob("step_*")) + [root / "run-result.json"])
-    return StageFiles(True, (root / "launch-manifest.json").is_file(), result, message, latest_pair, final_problem,
-                      validation, activity)
+    return StageFiles(True, (root / "launch-manifest.json").is_file(), result, message,
+                      latest["step"] if latest else None, final, problems, marker, marker_status, activity)
+
+
+class LazyStageFiles(Mapping[str, StageFiles]):
+    """stage name -> StageFiles, observed on first access (the machine reads only the stages it reaches)."""
+
+    def __init__(self, names: list[str], observe: Callable[[str], StageFiles]) -> None:
+        self._names, self._observe, self._seen = list(names), observe, {}
+
+    def __getitem__(self, name: str) -> StageFiles:
+        if name not in self._names:
+            raise KeyError(name)
+        if name not in self._seen:
+            self._seen[name] = self._observe(name)
+        return self._seen[name]
+
+    def __iter__(self) -> Iterator[str]:
+        return iter(self._names)
+
+    def __len__(self) -> int:
+        return len(self._names)

@@ -7,7 +7,8 @@ in order, the stage's own ``set`` and the edits the run owns:
     distributed.world_size        nodes * gpusPerNode
     distributed.sequence_parallel_size, train.micro_batch_size, train.gradient_accumulation,
     train.global_batch_size       from the stage's topology, else spec.topology (the batch fields on
-                                  training stages only)
+                                  training stages only; without globalBatchSize the global batch is
+                                  derived, so a config's own value never fights the run's topology)
     checkpoint.*                  the init wiring: an earlier stage's final checkpoint
                                   <run root>/<source>/checkpoints/step_<its train.max_steps>
 
@@ -51,6 +52,10 @@ class StagePlan:
     sources: dict = field(default_factory=dict)   # role -> (stage, weights)
     nodes: int = 1
     nproc: int = 1                   # processes per node (torchrun --nproc-per-node)
+
+    def checkpoint_dir(self, step: int) -> str:
+        """A checkpoint of this stage as the trainer (the pods) see it."""
+        return _checkpoint_dir(self.stage_dir, step)
 
     def arguments(self, resume_from: str | None = None) -> list[str]:
         """``solar <action> --config ... --set ...`` as an argument list (never a shell string).
@@ -116,10 +121,10 @@ def plan_run(spec: SolarRunSpec, run_root: str, *, repo: str | os.PathLike[str] 
         _check_roles(stage, action, train_block.get("stage"), where)
         owned = [f"runtime.output_dir={stage_dir}", f"distributed.world_size={world}",
                  f"distributed.sequence_parallel_size={t.sequenceParallelSize}"]
-        if action == "train":
-            owned += [f"train.micro_batch_size={t.microBatchSize}", f"train.gradient_accumulation={t.gradientAccumulation}"]
-            if t.globalBatchSize is not None:
-                owned.append(f"train.global_batch_size={t.globalBatchSize}")
+        if action == "train":  # the run's topology decides the batch: a given globalBatchSize must agree
+            derived = world // t.sequenceParallelSize * t.microBatchSize * t.gradientAccumulation
+            owned += [f"train.micro_batch_size={t.microBatchSize}", f"train.gradient_accumulation={t.gradientAccumulation}",
+                      f"train.global_batch_size={t.globalBatchSize or derived}"]
         wiring, sources = _wiring(stage, index, plans, action, where)
         sets = tuple(stage.set) + tuple(owned) + tuple(wiring)
         try:

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from typing import Annotated, Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, StringConstraints
+from pydantic import BaseModel, ConfigDict, Field, StringConstraints, field_validator
 
 GROUP, VERSION, KIND, PLURAL, SHORT = "solarwm.io", "v1alpha1", "SolarRun", "solarruns", "srun"
 API_VERSION = f"{GROUP}/{VERSION}"
@@ -43,6 +43,13 @@ class Storage(Doc):
     mountPath: str = Field(pattern=r"^/", description="Where pods mount it.")
     path: str = Field(pattern=r"^[^/].*", description="Run root below the mount: <mountPath>/<path>.")
 
+    @field_validator("path")
+    @classmethod
+    def _inside_the_volume(cls, value: str) -> str:
+        if ".." in value.split("/"):
+            raise ValueError("must stay inside the volume (no '..' segments)")
+        return value
+
 
 class ExtraVolume(Doc):
     name: DNSLabel
@@ -74,6 +81,8 @@ class Stage(Doc):
     init: Init | None = None
     topology: Topology | None = Field(None, description="This stage's topology when it differs from the run's "
                                                         "(e.g. inference on fewer GPUs, H3 Stage2 with SP 4).")
+    resources: dict[str, Any] | None = Field(None, description="This stage's container resources when they differ "
+                                                               "from spec.resources (e.g. fewer GPUs per pod).")
 
 
 class RunPolicy(Doc):
@@ -170,3 +179,11 @@ class SolarRun(Doc):
     metadata: ObjectMeta
     spec: SolarRunSpec
     status: SolarRunStatus | None = None
+
+
+def first_error(exc, prefix: str = "") -> str:
+    """A pydantic ValidationError as one line: the dotted field and what is wrong with it."""
+    first = exc.errors()[0]
+    where = ".".join([p for p in [prefix] if p] + [str(part) for part in first["loc"]])
+    message = first["msg"].removeprefix("Value error, ")
+    return f"{where}: {message}" if where else message

@@ -182,8 +182,17 @@ def list_checkpoints(run_dir: str | os.PathLike[str]) -> list[dict]:
 
 
 def latest_valid(run_dir: str | os.PathLike[str]) -> dict | None:
-    valid = [r for r in list_checkpoints(run_dir) if r["valid"]]
-    return valid[-1] if valid else None
+    """The newest checkpoint that verifies, {step, path, complete, valid}; verified newest first and
+    only as far back as needed (the operator asks this of every active stage on every poll)."""
+    root = Path(run_dir) / "checkpoints"
+    if not root.is_dir():
+        return None
+    steps = sorted(((int(m.group(1)), entry) for entry in root.iterdir()
+                    if (m := STEP_DIR.match(entry.name)) and entry.is_dir()), reverse=True)
+    for step, entry in steps:
+        if verify(entry)["valid"]:
+            return {"step": step, "path": str(entry), "complete": True, "valid": True}
+    return None
 
 
 def read_manifest(path: str | os.PathLike[str]) -> dict:

@@ -10,7 +10,7 @@ import yaml
 
 from solar.run.plan import job_name, plan_run
 from solar.run.spec import SolarRun
-from solar_operator import pytorchjob
+from solar_operator import jobs
 from tests.conftest import REPO
 from tests.support.crd_schema import anchor, crd_validator_schema
 
@@ -26,7 +26,7 @@ def _run(path="examples/solarrun-tiny.yaml"):
 def _jobs(path):
     doc, spec, plan = _run(path)
     for stage in plan.stages:
-        yield pytorchjob.build(doc, spec, stage, job_name(doc["metadata"]["name"], stage.name), attempt=1,
+        yield jobs.manifest(doc, spec, stage, job_name(doc["metadata"]["name"], stage.name), attempt=1,
                                resume_from=None)
 
 
@@ -36,12 +36,12 @@ def test_every_stage_job_validates_against_the_upstream_crd_and_webhook(path):
     schema = crd_validator_schema(anchor("kubeflow.org_pytorchjobs.yaml"), "v1")
     for job in _jobs(path):
         jsonschema.validate(job, schema)
-        assert pytorchjob.webhook_problems(job) == []
+        assert jobs.webhook_problems(job) == []
 
 
 def test_job_shape_follows_the_contract():
-    jobs = list(_jobs("examples/solarrun-wan22-ti2v-5b.yaml"))
-    fm, generate = jobs[0], jobs[-1]
+    built = list(_jobs("examples/solarrun-wan22-ti2v-5b.yaml"))
+    fm, generate = built[0], built[-1]
     assert fm["metadata"]["name"] == "wan5b-camera-fm"
     assert fm["metadata"]["labels"]["solarwm.io/run"] == "wan5b-camera"
     assert fm["metadata"]["labels"]["solarwm.io/stage"] == "fm"
@@ -62,17 +62,17 @@ def test_job_shape_follows_the_contract():
     assert "/runs" in mounts and mounts["/data"]["readOnly"] is True
     assert {p["name"] for p in container["ports"]} == {"pytorchjob-port", "metrics"}
     assert specs["Master"]["restartPolicy"] == "Never" and fm["spec"]["runPolicy"]["backoffLimit"] == 0
-    dmd = jobs[2]["spec"]["pytorchReplicaSpecs"]["Master"]["template"]["spec"]["containers"][0]["args"]
+    dmd = built[2]["spec"]["pytorchReplicaSpecs"]["Master"]["template"]["spec"]["containers"][0]["args"]
     assert "checkpoint.roles.student.path=/runs/wan5b-camera/anyflow/checkpoints/step_00020000" in dmd
 
 
 def test_a_retry_resumes_from_its_checkpoint_and_the_manifest_is_deterministic():
     doc, spec, plan = _run()
     stage = plan.stage("anyflow")
-    a = pytorchjob.build(doc, spec, stage, "tiny-wan-anyflow", attempt=2,
-                         resume_from="/runs/tiny-wan/anyflow/checkpoints/step_00000002")
-    b = pytorchjob.build(copy.deepcopy(doc), spec, stage, "tiny-wan-anyflow", attempt=2,
-                         resume_from="/runs/tiny-wan/anyflow/checkpoints/step_00000002")
+    a = jobs.manifest(doc, spec, stage, "tiny-wan-anyflow", attempt=2,
+                      resume_from="/runs/tiny-wan/anyflow/checkpoints/step_00000002")
+    b = jobs.manifest(copy.deepcopy(doc), spec, stage, "tiny-wan-anyflow", attempt=2,
+                      resume_from="/runs/tiny-wan/anyflow/checkpoints/step_00000002")
     assert a == b
     args = a["spec"]["pytorchReplicaSpecs"]["Master"]["template"]["spec"]["containers"][0]["args"]
     assert args[-4:] == ["--set", "checkpoint.mode=full_resume", "--set",
@@ -93,13 +93,40 @@ def test_a_retry_resumes_from_its_checkpoint_and_the_manifest_is_deterministic()
 def test_webhook_rules_catch_what_the_schema_allows(edit, problem):
     job = copy.deepcopy(next(_jobs("examples/solarrun-tiny.yaml")))
     edit(job)
-    assert any(problem in p for p in pytorchjob.webhook_problems(job))
+    assert any(problem in p for p in jobs.webhook_problems(job))
 
 
 def test_job_state_is_the_last_true_condition():
     job = {"metadata": {"name": "j"}, "status": {"conditions": [
         {"type": "Created", "status": "True"}, {"type": "Running", "status": "False"},
         {"type": "Failed", "status": "True", "message": "OOMKilled"}]}}
-    state = pytorchjob.state(job)
+    state = jobs.state(job)
     assert (state.phase, state.message, state.deleting) == ("Failed", "OOMKilled", False)
-    assert pytorchjob.state({"metadata": {"name": "j", "deletionTimestamp": "x"}}).phase is None
+    assert jobs.state({"metadata": {"name": "j", "deletionTimestamp": "x"}}).phase is None
+    labelled = jobs.state({"metadata": {"name": "j", "labels": {"solarwm.io/attempt": "3"},
+                                        "creationTimestamp": "2027-01-15T08:00:00Z"}})
+    assert labelled.attempt == 3 and labelled.created == 1800000000.0
+
+
+def test_ownership_needs_the_run_label_and_a_controller_reference_to_that_run():
+    doc, spec, plan = _run()
+    job = next(_jobs("examples/solarrun-tiny.yaml"))
+    assert jobs.owned_by(job, doc)
+    other = copy.deepcopy(doc)
+    other["metadata"]["uid"] = "another-uid"  # a SolarRun of the same name, deleted and created again
+    assert not jobs.owned_by(job, other)
+    unlabelled = copy.deepcopy(job)
+    del unlabelled["metadata"]["labels"]["solarwm.io/run"]
+    assert not jobs.owned_by(unlabelled, doc)
+
+
+def test_a_stage_on_fewer_gpus_requests_its_own_resources():
+    doc, spec, plan = _run("examples/solarrun-minimax-h3.yaml")
+    built = {s.name: jobs.manifest(doc, spec, s, job_name("h3-camera", s.name), attempt=1, resume_from=None)
+             for s in plan.stages}
+
+    def container(job):
+        return job["spec"]["pytorchReplicaSpecs"]["Master"]["template"]["spec"]["containers"][0]
+    assert container(built["fm"])["resources"] == {"limits": {"nvidia.com/gpu": 8}}
+    assert container(built["generate"])["resources"] == {"limits": {"nvidia.com/gpu": 4}}
+    assert built["generate"]["spec"]["nprocPerNode"] == "4" and "annotations" not in built["generate"]["metadata"]

@@ -1,31 +1,37 @@
-"""One stage as a Kubeflow ``kubeflow.org/v1`` PyTorchJob (contract.md §4, kubernetes.md).
+"""Stage jobs: one stage attempt as a Kubeflow ``kubeflow.org/v1`` PyTorchJob (contract.md §4, kubernetes.md).
 
-Pure: the manifest is a function of the SolarRun and the stage plan. The job's container runs
+``manifest``, ``webhook_problems`` and ``state`` are pure: the manifest is a function of the
+SolarRun and the stage plan. The job's container runs
 ``torchrun --nproc-per-node=<gpusPerNode> -m solar <action> --config ... --set ...`` as an
 argument list (no shell; torchrun reads the PET_* variables the training operator injects). Pods
 restart through the SolarRun (``restartPolicy: Never``, job ``backoffLimit: 0``): a retry must
 resume from the newest verified checkpoint, which a plain pod restart would not do.
 
 ``webhook_problems`` enforces the training operator's admission rules, which its CRD schema does
-not express.
+not express. ``PyTorchJobBackend`` carries them out through ``kube.Kube`` behind the small
+``JobBackend`` interface, so a Kubeflow Trainer v2 ``TrainJob`` backend can sit beside it.
 """
 
 from __future__ import annotations
 
 import re
+from typing import Protocol
 
+from solar.run.machine import Action, JobState, parse_iso
 from solar.run.plan import StagePlan
 from solar.run.spec import SolarRunSpec
+from solar_operator import errors
 
 API_VERSION, KIND, PLURAL = "kubeflow.org/v1", "PyTorchJob", "pytorchjobs"
 GROUP, VERSION = "kubeflow.org", "v1"
 RUN_LABEL, STAGE_LABEL, ATTEMPT_LABEL = "solarwm.io/run", "solarwm.io/stage", "solarwm.io/attempt"
+RESUME_ANNOTATION = "solarwm.io/resume-from"
 METRICS_PORT = 9400
 DNS1035 = re.compile(r"^[a-z]([-a-z0-9]*[a-z0-9])?$")
 
 
-def build(run: dict, spec: SolarRunSpec, plan: StagePlan, job: str, *, attempt: int,
-          resume_from: str | None) -> dict:
+def manifest(run: dict, spec: SolarRunSpec, plan: StagePlan, job: str, *, attempt: int,
+             resume_from: str | None) -> dict:
     """The PyTorchJob of one stage attempt, owned by the SolarRun ``run`` (its API object)."""
     meta = run["metadata"]
     labels = {RUN_LABEL: meta["name"], STAGE_LABEL: plan.name, "app.kubernetes.io/managed-by": "solar-operator",
@@ -46,7 +52,7 @@ def build(run: dict, spec: SolarRunSpec, plan: StagePlan, job: str, *, attempt: 
         "ports": [{"name": "pytorchjob-port", "containerPort": 23456},
                   {"name": "metrics", "containerPort": METRICS_PORT}],
         "volumeMounts": mounts,
-        "resources": spec.resources,
+        "resources": stage_resources(spec, plan.name),
     }
     pod = {"containers": [container], "volumes": volumes, "restartPolicy": "Never"}
     for key in ("nodeSelector", "affinity", "priorityClassName", "schedulerName"):
@@ -70,12 +76,18 @@ def build(run: dict, spec: SolarRunSpec, plan: StagePlan, job: str, *, attempt: 
         "metadata": {
             "name": job, "namespace": meta.get("namespace"),
             "labels": {**labels, ATTEMPT_LABEL: str(attempt)},
-            "annotations": {"solarwm.io/resume-from": resume_from or ""},
+            **({"annotations": {RESUME_ANNOTATION: resume_from}} if resume_from else {}),
             "ownerReferences": [{"apiVersion": run["apiVersion"], "kind": run["kind"], "name": meta["name"],
                                  "uid": meta["uid"], "controller": True, "blockOwnerDeletion": True}],
         },
         "spec": {"nprocPerNode": str(plan.nproc), "pytorchReplicaSpecs": replicas, "runPolicy": run_policy},
     }
+
+
+def stage_resources(spec: SolarRunSpec, stage: str) -> dict:
+    """The stage's own ``resources`` when it gives them (a stage on fewer GPUs), else the run's."""
+    own = next(s for s in spec.stages if s.name == stage).resources
+    return own if own is not None else spec.resources
 
 
 def webhook_problems(job: dict) -> list[str]:
@@ -103,12 +115,69 @@ def webhook_problems(job: dict) -> list[str]:
     return problems
 
 
-def state(job: dict):
+def state(job: dict) -> JobState:
     """The job's phase: the last condition whose status is True (kubernetes.md)."""
-    from solar.run.machine import JobState
-
-    conditions = job.get("status", {}).get("conditions") or []
+    conditions = (job.get("status") or {}).get("conditions") or []
     true = [c for c in conditions if c.get("status") == "True"]
-    last = true[-1] if true else None
-    return JobState(job["metadata"]["name"], last.get("type") if last else None,
-                    (last or {}).get("message", ""), bool(job["metadata"].get("deletionTimestamp")))
+    last = true[-1] if true else {}
+    meta = job["metadata"]
+    attempt = (meta.get("labels") or {}).get(ATTEMPT_LABEL, "")
+    return JobState(meta["name"], last.get("type"), last.get("message", ""), bool(meta.get("deletionTimestamp")),
+                    int(attempt) if attempt.isdigit() else None, parse_iso(meta.get("creationTimestamp")))
+
+
+def owned_by(job: dict, run: dict) -> bool:
+    """Created by the operator for this very SolarRun (labels and a controller owner reference)."""
+    meta, owner = job["metadata"], run["metadata"]
+    refs = [r for r in meta.get("ownerReferences") or [] if r.get("controller")]
+    return ((meta.get("labels") or {}).get(RUN_LABEL) == owner["name"]
+            and any(r.get("uid") == owner.get("uid") for r in refs))
+
+
+class JobBackend(Protocol):
+    def observe(self, run: dict) -> dict[str, JobState]:
+        """The run's jobs by stage name."""
+
+    def create(self, run: dict, spec: SolarRunSpec, plan: StagePlan, action: Action) -> bool:
+        """Create a stage job; False when it already exists (a repeated reconcile)."""
+
+    def delete(self, run: dict, job: str) -> bool:
+        """Delete a job the run owns; False when it is already gone."""
+
+
+class PyTorchJobBackend:
+    def __init__(self, kube) -> None:
+        self.kube = kube
+
+    def observe(self, run: dict) -> dict[str, JobState]:
+        meta = run["metadata"]
+        out = {}
+        for job in self.kube.list_jobs(meta["namespace"], f"{RUN_LABEL}={meta['name']}"):
+            stage = (job["metadata"].get("labels") or {}).get(STAGE_LABEL)
+            if stage and owned_by(job, run):
+                out[stage] = state(job)
+        return out
+
+    def create(self, run: dict, spec: SolarRunSpec, plan: StagePlan, action: Action) -> bool:
+        job = manifest(run, spec, plan, action.job, attempt=action.attempt, resume_from=action.resume_from)
+        problems = webhook_problems(job)
+        if problems:  # a bug of ours, never the user's: do not send it
+            raise errors.Rejected(f"refusing to create {action.job}: {'; '.join(problems)}")
+        if self.kube.create_job(job):
+            return True
+        existing = self.kube.get_job(run["metadata"]["namespace"], action.job)
+        if existing is not None and not owned_by(existing, run):
+            raise errors.NotOurs(f"pytorchjob {action.job} exists but was not created for SolarRun "
+                                 f"{run['metadata']['name']} (uid {run['metadata'].get('uid')}); rename the stage "
+                                 "or remove that job")
+        return False
+
+    def delete(self, run: dict, job: str) -> bool:
+        namespace = run["metadata"]["namespace"]
+        existing = self.kube.get_job(namespace, job)
+        if existing is None:
+            return False
+        if not owned_by(existing, run):
+            raise errors.NotOurs(f"refusing to delete pytorchjob {namespace}/{job}: SolarRun "
+                                 f"{run['metadata']['name']} did not create it")
+        return self.kube.delete_job(namespace, job, existing["metadata"]["uid"])

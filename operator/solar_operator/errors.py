@@ -1,0 +1,46 @@
+"""The operator's errors, typed by whether a retry can help (kopf retries TemporaryError after ``delay``).
+
+``translate`` is the only place an ``ApiException`` becomes one of these; ``kube.py`` calls it at
+its boundary. 404 and 409-on-create are not errors there (gone / already there). Mistakes in a
+user's SolarRun never arrive here: they end the run ``Failed`` with a reason.
+"""
+
+from __future__ import annotations
+
+import json
+
+import kopf
+
+
+class ApiUnavailable(kopf.TemporaryError):
+    """The API server did not answer, or answered 429/5xx: try again shortly."""
+
+
+class Forbidden(kopf.TemporaryError):
+    """401/403: RBAC or a quota refused us; an administrator can fix it, so keep trying (slowly)."""
+
+
+class Rejected(kopf.PermanentError):
+    """400/422: the server refused an object built from the run's spec (e.g. an invalid volume source)."""
+
+
+class NotOurs(kopf.PermanentError):
+    """A job with the stage's name exists but the run did not create it: never touch it."""
+
+
+def _message(exc) -> str:
+    try:
+        return json.loads(exc.body).get("message") or exc.reason
+    except (TypeError, ValueError, AttributeError):
+        return str(getattr(exc, "reason", exc))
+
+
+def translate(exc, what: str) -> kopf.TemporaryError | kopf.PermanentError:
+    """An ``ApiException`` (or a connection error) while doing ``what`` -> the error to raise."""
+    status = getattr(exc, "status", None)
+    text = f"{what}: {_message(exc)}" if status else f"{what}: {exc}"
+    if status in (400, 422):
+        return Rejected(text)
+    if status in (401, 403):
+        return Forbidden(text, delay=60)
+    return ApiUnavailable(text, delay=5)

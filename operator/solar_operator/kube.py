@@ -1,0 +1,131 @@
+"""The operator's whole conversation with the API server: SolarRuns, their PyTorchJobs, Events.
+
+Synchronous (kopf runs sync handlers in its thread pool), through the official ``kubernetes``
+client; credentials from the in-cluster service account or ``$KUBECONFIG``. Every
+``ApiException`` is translated here (``errors.translate``); 404 means "gone" and 409 on create
+means "already there", so repeated reconciles are harmless.
+
+The status is written with a JSON merge patch on the ``/status`` subresource and no
+resourceVersion precondition: the operator is the only writer of ``.status`` (one replica,
+``Recreate``) and serialises reconciles of a run, so a precondition would only turn kopf's own
+annotation patches into spurious conflicts.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+import logging
+import os
+import socket
+
+from solar.run.spec import GROUP as RUN_GROUP
+from solar.run.spec import PLURAL as RUN_PLURAL
+from solar.run.spec import VERSION as RUN_VERSION
+from solar_operator import errors
+
+JOB_GROUP, JOB_VERSION, JOB_PLURAL = "kubeflow.org", "v1", "pytorchjobs"
+COMPONENT = "solar-operator"
+log = logging.getLogger("solar_operator")
+
+
+def api_client(url: str | None = None):
+    """A ``kubernetes`` ApiClient: ``url`` (tests), else in-cluster config, else ``$KUBECONFIG``."""
+    from kubernetes import client, config
+
+    if url is not None:
+        configuration = client.Configuration()
+        configuration.host = url
+        return client.ApiClient(configuration)
+    try:
+        config.load_incluster_config()
+    except config.ConfigException:
+        config.load_kube_config()
+    return client.ApiClient()
+
+
+class Kube:
+    def __init__(self, api) -> None:
+        from kubernetes import client
+
+        self.custom = client.CustomObjectsApi(api)
+        self.core = client.CoreV1Api(api)
+        import urllib3
+
+        self._exc = client.exceptions.ApiException
+        self._down = (OSError, urllib3.exceptions.HTTPError)  # refused, reset, timed out
+        self._instance = os.environ.get("POD_NAME") or socket.gethostname()
+
+    def _call(self, what: str, fn, *args, missing=None, **kwargs):
+        try:
+            return fn(*args, **kwargs)
+        except self._exc as exc:
+            if exc.status == 404:
+                return missing
+            raise errors.translate(exc, what) from None
+        except self._down as exc:
+            raise errors.translate(exc, what) from None
+
+    # -- SolarRuns ------------------------------------------------------------------------------
+    def get_run(self, namespace: str, name: str) -> dict | None:
+        return self._call(f"get solarrun {namespace}/{name}", self.custom.get_namespaced_custom_object,
+                          RUN_GROUP, RUN_VERSION, namespace, RUN_PLURAL, name)
+
+    def patch_run_status(self, namespace: str, name: str, status_patch: dict) -> dict | None:
+        return self._call(f"patch solarrun {namespace}/{name} status",
+                          self.custom.patch_namespaced_custom_object_status, RUN_GROUP, RUN_VERSION, namespace,
+                          RUN_PLURAL, name, {"status": status_patch})
+
+    # -- PyTorchJobs ----------------------------------------------------------------------------
+    def list_jobs(self, namespace: str, selector: str) -> list[dict]:
+        result = self._call(f"list pytorchjobs in {namespace}", self.custom.list_namespaced_custom_object,
+                            JOB_GROUP, JOB_VERSION, namespace, JOB_PLURAL, label_selector=selector,
+                            missing={"items": []})
+        return result.get("items", [])
+
+    def get_job(self, namespace: str, name: str) -> dict | None:
+        return self._call(f"get pytorchjob {namespace}/{name}", self.custom.get_namespaced_custom_object,
+                          JOB_GROUP, JOB_VERSION, namespace, JOB_PLURAL, name)
+
+    def create_job(self, manifest: dict) -> bool:
+        """Create; False when a job of that name already exists."""
+        meta = manifest["metadata"]
+        try:
+            self.custom.create_namespaced_custom_object(JOB_GROUP, JOB_VERSION, meta["namespace"], JOB_PLURAL,
+                                                        manifest)
+            return True
+        except self._exc as exc:
+            if exc.status == 409:
+                return False
+            raise errors.translate(exc, f"create pytorchjob {meta['namespace']}/{meta['name']}") from None
+        except self._down as exc:
+            raise errors.translate(exc, f"create pytorchjob {meta['namespace']}/{meta['name']}") from None
+
+    def delete_job(self, namespace: str, name: str, uid: str) -> bool:
+        """Delete that very object (a uid precondition); False when it is already gone."""
+        from kubernetes import client
+
+        options = client.V1DeleteOptions(propagation_policy="Background",
+                                         preconditions=client.V1Preconditions(uid=uid))
+        result = self._call(f"delete pytorchjob {namespace}/{name}", self.custom.delete_namespaced_custom_object,
+                            JOB_GROUP, JOB_VERSION, namespace, JOB_PLURAL, name, body=options, missing=False)
+        return result is not False
+
+    # -- Events ---------------------------------------------------------------------------------
+    def post_event(self, run: dict, kind: str, reason: str, message: str) -> None:
+        """A core/v1 Event on the SolarRun (best effort: a lost event never fails a reconcile)."""
+        from kubernetes import client
+
+        meta = run["metadata"]
+        now = dt.datetime.now(dt.timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ")
+        body = client.CoreV1Event.from_dict({
+            "metadata": {"generateName": f"{meta['name']}.", "namespace": meta["namespace"]},
+            "involvedObject": {"apiVersion": run.get("apiVersion"), "kind": run.get("kind"), "name": meta["name"],
+                               "namespace": meta["namespace"], "uid": meta.get("uid"),
+                               "resourceVersion": meta.get("resourceVersion")},
+            "reason": reason, "message": message[:1024], "type": kind, "count": 1,
+            "firstTimestamp": now, "lastTimestamp": now, "source": {"component": COMPONENT},
+            "reportingComponent": f"{RUN_GROUP}/operator", "reportingInstance": self._instance[:128]})
+        try:
+            self.core.create_namespaced_event(meta["namespace"], body)
+        except (self._exc, *self._down) as exc:
+            log.warning(f"could not post event {reason} on {meta['namespace']}/{meta['name']}: {exc}")

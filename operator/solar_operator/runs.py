@@ -1,0 +1,153 @@
+"""Reconciling one SolarRun: observe -> decide (``solar.run.machine``) -> act -> write status -> events.
+
+Every kopf handler (create, resume, spec update, the poll timer, a change of one of the run's
+PyTorchJobs) ends in ``Reconciler.reconcile(namespace, name)``. It reads the run fresh from the
+API server rather than trusting the handler's body, and reconciles of one run never overlap (a
+lock per run), so the handlers may fire in any order and any number of times. The decision is a
+function of the stored status and what is observed (the run's jobs by label and owner, its stage
+directories under ``--storage-root``): restarting the operator loses nothing, and a job created
+just before a restart is adopted rather than created twice.
+
+Status is written once per reconcile, only when it changed; events go out after that write, so an
+event never announces a transition the status does not show.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+from pathlib import Path
+
+from pydantic import ValidationError
+
+from solar.run import conditions as C
+from solar.run import machine
+from solar.run.observe import LazyStageFiles, observe_stage
+from solar.run.plan import RunInvalid, RunPlan, plan_run
+from solar.run.spec import SolarRunSpec, SolarRunStatus, first_error
+from solar_operator import errors, metrics
+from solar_operator.jobs import JobBackend
+
+log = logging.getLogger("solar_operator")
+STATUS_KEYS = tuple(SolarRunStatus.model_fields)
+
+
+def merge_diff(old: dict, new: dict) -> dict:
+    """The JSON merge patch (RFC 7386) that turns ``old`` into ``new`` (nulls delete; lists replace)."""
+    patch = {key: None for key in old if key not in new}
+    for key, value in new.items():
+        before = old.get(key)
+        if isinstance(value, dict) and isinstance(before, dict):
+            inner = merge_diff(before, value)
+            if inner:
+                patch[key] = inner
+        elif value != before:
+            patch[key] = value
+    return patch
+
+
+class Reconciler:
+    def __init__(self, kube, backend: JobBackend, *, storage_root: Path, repo: Path, clock=time.time) -> None:
+        self.kube, self.backend = kube, backend
+        self.storage_root, self.repo, self.clock = Path(storage_root), Path(repo), clock
+        self._guard = threading.Lock()
+        self._locks: dict[tuple[str, str], threading.Lock] = {}
+        self._plans: dict[str, tuple[int, RunPlan | RunInvalid]] = {}  # uid -> (generation, plan)
+
+    def _lock(self, namespace: str, name: str) -> threading.Lock:
+        with self._guard:
+            return self._locks.setdefault((namespace, name), threading.Lock())
+
+    def forget(self, namespace: str, name: str, uid: str | None) -> None:
+        """A deleted run: drop its lock and cached plan."""
+        with self._guard:
+            self._locks.pop((namespace, name), None)
+            self._plans.pop(uid, None)
+
+    def reconcile(self, namespace: str, name: str, handler: str) -> machine.Decision | None:
+        with self._lock(namespace, name), metrics.timed(handler):
+            return self._reconcile(namespace, name)
+
+    # -- one pass ---------------------------------------------------------------------------------
+    def _plan(self, uid: str, generation: int, spec: SolarRunSpec) -> RunPlan | RunInvalid:
+        cached = self._plans.get(uid)
+        if cached is None or cached[0] != generation:
+            try:
+                plan = plan_run(spec, f"{spec.storage.mountPath}/{spec.storage.path}", repo=self.repo, environ={})
+            except RunInvalid as exc:
+                plan = exc
+            cached = self._plans[uid] = (generation, plan)
+        return cached[1]
+
+    def _reconcile(self, namespace: str, name: str) -> machine.Decision | None:
+        run = self.kube.get_run(namespace, name)
+        if run is None or run["metadata"].get("deletionTimestamp"):
+            return None
+        meta = run["metadata"]
+        stored = {k: v for k, v in (run.get("status") or {}).items() if k in STATUS_KEYS}
+        previous = _previous(stored, namespace, name)
+        if previous is not None and previous.phase in machine.TERMINAL:
+            return None
+        generation = int(meta.get("generation") or 1)
+        spec, plan, invalid = _parse(run, self._plan, meta.get("uid", ""), generation)
+        jobs, files = {}, {}
+        if plan is not None:
+            jobs = self.backend.observe(run)
+            root = self.storage_root / spec.storage.path
+            files = LazyStageFiles([s.name for s in plan.stages], lambda stage: observe_stage(
+                root / stage, final_step=plan.stage(stage).final_step,
+                validation_step=plan.stage(stage).validation_step, generation=plan.stage(stage).generation))
+        now = self.clock()
+        obs = machine.Observation(name, generation, now, plan=plan, invalid=invalid, jobs=jobs, files=files)
+        decision = machine.reconcile(spec, previous, obs)
+        decision = self._act(run, spec, plan, decision, now, generation)
+        new = decision.status.model_dump(mode="json", exclude_none=True)
+        if new != stored:
+            self.kube.patch_run_status(namespace, name, merge_diff(stored, new))
+        for kind, reason, message in decision.events:
+            self.kube.post_event(run, kind, reason, message)
+        for _stage, phase in decision.transitions:
+            metrics.STAGE_TRANSITIONS.labels(to_phase=phase).inc()
+        return decision
+
+    def _act(self, run: dict, spec, plan, decision: machine.Decision, now: float, generation: int):
+        for action in decision.actions:
+            if action.kind == "delete_job":
+                self.backend.delete(run, action.job)
+                continue
+            try:
+                created = self.backend.create(run, spec, plan.stage(action.stage), action)
+            except (errors.Rejected, errors.NotOurs) as exc:
+                reason = C.JOB_NAME_TAKEN if isinstance(exc, errors.NotOurs) else C.JOB_REJECTED
+                message = reason.message(stage=action.stage, job=action.job, detail=str(exc))
+                failed = machine.fail_stage(spec, decision.status, stage=action.stage, reason=reason,
+                                            message=message, now=now, generation=generation)
+                failed.events[:0] = decision.events
+                failed.transitions[:0] = decision.transitions
+                return failed
+            log.info(f"{run['metadata']['namespace']}/{run['metadata']['name']}: job {action.job} "
+                     f"{'created' if created else 'already exists'}")
+        return decision
+
+
+def _previous(stored: dict, namespace: str, name: str) -> SolarRunStatus | None:
+    if not stored.get("phase"):
+        return None
+    try:
+        return SolarRunStatus.model_validate(stored)
+    except ValidationError as exc:  # edited by hand: start from what the observations say
+        log.warning(f"{namespace}/{name}: ignoring a status that does not parse: {exc.errors()[0]['msg']}")
+        return None
+
+
+def _parse(run: dict, plan_for, uid: str, generation: int):
+    """(spec, plan, invalid): a spec that does not parse, or does not resolve, is an InvalidSpec/... run."""
+    try:
+        spec = SolarRunSpec.model_validate(run.get("spec") or {})
+    except ValidationError as exc:
+        return None, None, RunInvalid(C.INVALID_SPEC.name, first_error(exc, "spec"))
+    plan = plan_for(uid, generation, spec)
+    if isinstance(plan, RunInvalid):
+        return spec, None, plan
+    return spec, plan, None

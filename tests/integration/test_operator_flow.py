@@ -1,0 +1,210 @@
+"""The real operator (kopf + solar_operator) against the emulated API server, stage by stage.
+
+The test plays the Kubeflow training operator (it patches PyTorchJob conditions) and the trainer
+(it writes stage directories with real checkpoint transactions under the operator's storage root).
+"""
+
+from __future__ import annotations
+
+import shutil
+import time
+
+import jsonschema
+import pytest
+from prometheus_client import generate_latest
+
+from solar_operator import jobs as pytorchjobs
+from solar_operator import metrics
+from tests.integration.world import CRD, World, load_case
+from tests.support.crd_schema import anchor, crd_validator_schema
+from tests.support.kube import emulated_cluster, wait_for
+
+pytestmark = pytest.mark.timeout(180)
+
+
+@pytest.fixture
+def world(tmp_path):
+    with emulated_cluster([CRD, anchor("kubeflow.org_pytorchjobs.yaml")], tmp_path) as cluster:
+        yield World(cluster, tmp_path / "storage")
+
+
+def _run(name="three-stage", **policy):
+    doc = load_case("three-stage")
+    doc["metadata"]["name"] = name
+    doc["spec"]["storage"]["path"] = f"team-a/{name}"
+    doc["spec"]["runPolicy"].update(policy)
+    return doc
+
+
+def _args(job):
+    return job["spec"]["pytorchReplicaSpecs"]["Master"]["template"]["spec"]["containers"][0]["args"]
+
+
+def _stage(status, name):
+    return next(s for s in status["stages"] if s["name"] == name)
+
+
+def _scrape() -> str:
+    return generate_latest(metrics.REGISTRY).decode()
+
+
+def test_a_three_stage_run_advances_as_its_jobs_finish(world):
+    schema = crd_validator_schema(anchor("kubeflow.org_pytorchjobs.yaml"), "v1")
+    with world.operator():
+        world.apply(_run())
+        fm = world.wait_job("three-stage-fm")
+        world.set_job("three-stage-fm", "Running")
+        world.wait_status("three-stage", lambda s: _stage(s, "fm")["phase"] == "Running", "fm Running")
+        world.write_stage("three-stage", "fm", result=None, checkpoint=False, steps=(2,))
+        world.wait_status("three-stage", lambda s: s.get("step") == 2, "step 2 from the stage's checkpoint")
+        world.write_stage("three-stage", "fm")
+        world.set_job("three-stage-fm", "Succeeded")
+        anyflow = world.wait_job("three-stage-anyflow")
+        assert "checkpoint.path=/runs/team-a/three-stage/fm/checkpoints/step_00000004" in _args(anyflow)
+        assert "checkpoint.mode=weights_only" in _args(anyflow) and "checkpoint.weights=ema" in _args(anyflow)
+        status = world.status("three-stage")
+        assert _stage(status, "fm")["phase"] == "Succeeded" and status["currentStage"] == "anyflow"
+        assert _stage(status, "fm")["checkpoint"]["path"] == "/runs/team-a/three-stage/fm/checkpoints/step_00000004"
+        assert _stage(status, "fm")["validation"] == {"step": 4, "complete": True}
+        world.write_stage("three-stage", "anyflow")
+        world.set_job("three-stage-anyflow", "Succeeded")
+        generate = world.wait_job("three-stage-generate")
+        assert _args(generate)[:5] == ["--nproc-per-node=1", "-m", "solar", "infer", "--config"]
+        assert set(generate["spec"]["pytorchReplicaSpecs"]) == {"Master"}
+        world.write_stage("three-stage", "generate")
+        world.set_job("three-stage-generate", "Succeeded")
+        status = world.wait_phase("three-stage", "Succeeded")
+        assert {c["type"]: c["status"] for c in status["conditions"]} == {
+            "Validated": "True", "Progressing": "False", "Ready": "True"}
+        assert [s["phase"] for s in status["stages"]] == ["Succeeded"] * 3
+        for job in (fm, anyflow, generate):
+            jsonschema.validate(job, schema)
+            assert pytorchjobs.webhook_problems(job) == []
+            assert job["metadata"]["ownerReferences"][0]["uid"] == world.run("three-stage")["metadata"]["uid"]
+        assert sorted(world.jobs()) == ["three-stage-anyflow", "three-stage-fm", "three-stage-generate"]
+        reasons = wait_for(lambda: (lambda r: r if "Completed" in r else None)(world.event_reasons("three-stage")))
+        assert reasons == ["Resolved", "StageStarted", "StageRunning", "StageSucceeded", "StageStarted",
+                           "StageSucceeded", "StageStarted", "StageSucceeded", "Completed"]
+        text = _scrape()
+        labels = f'namespace="{world.namespace}",run="three-stage",stage="fm"'
+        assert f"solar_run_checkpoint_step{{{labels}}} 4.0" in text
+        assert f"solar_run_validation_step{{{labels}}} 4.0" in text
+        assert 'solar_operator_reconcile_total{handler="job",result="success"}' in text
+        world.cluster.delete(f"{world.runs_path}/three-stage")
+        wait_for(lambda: f'run="three-stage"' not in _scrape(), message="the deleted run's series to vanish")
+
+
+def test_failed_jobs_retry_from_the_newest_checkpoint_then_the_run_fails(world):
+    with world.operator():
+        world.apply(_run("retry", backoffLimit=1))
+        world.wait_job("retry-fm")
+        world.write_stage("retry", "fm", result="failed", checkpoint=False, steps=(2,))
+        world.set_job("retry-fm", "Failed", "pod retry-fm-master-0 exited with code 1")
+        second = wait_for(lambda: (lambda j: j if j and j["metadata"]["labels"]["solarwm.io/attempt"] == "2" else None)(
+            world.jobs().get("retry-fm")), message="attempt 2")
+        assert _args(second)[-4:] == ["--set", "checkpoint.mode=full_resume", "--set",
+                                      "checkpoint.path=/runs/team-a/retry/fm/checkpoints/step_00000002"]
+        assert second["metadata"]["annotations"]["solarwm.io/resume-from"].endswith("step_00000002")
+        world.set_job("retry-fm", "Failed", "OOMKilled")
+        status = world.wait_phase("retry", "Failed")
+        failed = next(c for c in status["conditions"] if c["type"] == "Failed")
+        assert failed["reason"] == "BackoffLimitExceeded" and "OOMKilled" in failed["message"]
+        assert "retry-fm" in world.jobs()  # the last failed job is kept for inspection
+        assert "JobFailed" in world.event_reasons("retry") and "BackoffLimitExceeded" in world.event_reasons("retry")
+
+
+@pytest.mark.parametrize("break_it, reason", [
+    (lambda root: shutil.rmtree(root / "checkpoints" / "step_00000004"), "CheckpointMissing"),
+    (lambda root: (root / "checkpoints" / "step_00000004" / "COMPLETE.json").unlink(), "CheckpointIncomplete"),
+    (lambda root: (root / "checkpoints" / "step_00000004" / "model" / "live.safetensors").write_bytes(b"oops"),
+     "CheckpointUnverifiable"),
+    (lambda root: shutil.rmtree(root / "validation"), "ValidationIncomplete"),
+    (lambda root: (root / "run-result.json").unlink(), "ResultIncomplete"),
+])
+def test_a_succeeded_job_without_its_files_fails_the_stage_and_starts_nothing(world, break_it, reason):
+    with world.operator():
+        world.apply(_run("broken"))
+        world.wait_job("broken-fm")
+        break_it(world.write_stage("broken", "fm"))
+        world.set_job("broken-fm", "Succeeded")
+        status = world.wait_phase("broken", "Failed")
+        assert _stage(status, "fm")["reason"] == reason
+        assert sorted(world.jobs()) == ["broken-fm"]
+
+
+def test_restarting_the_operator_mid_run_creates_no_duplicate_and_misses_no_transition(world):
+    with world.operator():
+        world.apply(_run("restart"))
+        first = world.wait_job("restart-fm")
+    # while the operator is down the stage finishes, and so does the next one's job creation window
+    world.write_stage("restart", "fm")
+    world.set_job("restart-fm", "Succeeded")
+    with world.operator():
+        anyflow = world.wait_job("restart-anyflow")
+        status = world.wait_status("restart", lambda s: s.get("currentStage") == "anyflow", "stage anyflow")
+        assert _stage(status, "fm")["phase"] == "Succeeded" and _stage(status, "anyflow")["attempt"] == 1
+    assert world.jobs()["restart-fm"]["metadata"]["uid"] == first["metadata"]["uid"]  # never recreated
+    with world.operator():  # and a restart with nothing new to see changes nothing
+        time.sleep(1.5)  # several polls
+        assert world.jobs()["restart-anyflow"]["metadata"]["uid"] == anyflow["metadata"]["uid"]
+    reasons = world.event_reasons("restart")
+    assert reasons.count("StageStarted") == 2 and reasons.count("StageSucceeded") == 1
+
+
+def test_a_job_created_before_a_crash_is_adopted(world):
+    doc = _run("adopt")
+    with world.operator():
+        world.apply(doc)
+        job = world.wait_job("adopt-fm")
+    # the status write is lost (the operator died between creating the job and recording it)
+    world.cluster.patch(f"{world.runs_path}/adopt/status", {"status": None})
+    with world.operator():
+        status = world.wait_status("adopt", lambda s: s.get("phase") == "Running", "adoption")
+        assert _stage(status, "fm")["job"] == "adopt-fm" and _stage(status, "fm")["attempt"] == 1
+        wait_for(lambda: "JobAdopted" in world.event_reasons("adopt"), message="JobAdopted event")
+    assert world.jobs()["adopt-fm"]["metadata"]["uid"] == job["metadata"]["uid"]
+
+
+def test_suspend_deletes_the_job_and_resume_continues_from_the_checkpoint(world):
+    with world.operator():
+        world.apply(_run("pause"))
+        world.wait_job("pause-fm")
+        world.set_job("pause-fm", "Running")
+        world.write_stage("pause", "fm", result=None, checkpoint=False, steps=(2,))
+        world.patch_spec("pause", {"runPolicy": {"suspend": True}})
+        world.wait_phase("pause", "Suspended")
+        wait_for(lambda: "pause-fm" not in world.jobs(), message="the job to be deleted")
+        status = world.status("pause")
+        assert _stage(status, "fm")["phase"] == "Suspended"
+        assert next(c for c in status["conditions"] if c["type"] == "Suspended")["status"] == "True"
+        world.patch_spec("pause", {"runPolicy": {"suspend": False}})
+        job = world.wait_job("pause-fm")
+        assert "checkpoint.path=/runs/team-a/pause/fm/checkpoints/step_00000002" in _args(job)
+        status = world.wait_phase("pause", "Running")
+        assert _stage(status, "fm")["failures"] == 0 and _stage(status, "fm")["attempt"] == 2
+        assert next(c for c in status["conditions"] if c["type"] == "Suspended")["status"] == "False"
+        assert status["observedGeneration"] == 3
+
+
+def test_a_silent_stage_hits_the_progress_deadline(world):
+    with world.operator():
+        world.apply(_run("silent", progressDeadlineSeconds=2))
+        world.wait_job("silent-fm")
+        world.set_job("silent-fm", "Running")
+        status = world.wait_phase("silent", "Failed", timeout=20)
+        assert next(c for c in status["conditions"] if c["type"] == "Failed")["reason"] == "ProgressDeadlineExceeded"
+        wait_for(lambda: "silent-fm" not in world.jobs(), message="the silent job to be deleted")
+
+
+def test_a_job_the_run_did_not_create_is_never_touched(world):
+    # someone else's job already holds the name the first stage needs
+    world.cluster.create(world.jobs_path, {"apiVersion": "kubeflow.org/v1", "kind": "PyTorchJob",
+                                           "metadata": {"name": "squat-fm", "namespace": world.namespace},
+                                           "spec": {"pytorchReplicaSpecs": {}}})
+    with world.operator():
+        world.apply(_run("squat"))
+        status = world.wait_phase("squat", "Failed")
+        assert _stage(status, "fm")["reason"] == "JobNameTaken" and "was not created for" in _stage(status, "fm")["message"]
+        time.sleep(1.0)
+        job = world.jobs()["squat-fm"]
+        assert "labels" not in job["metadata"] and "ownerReferences" not in job["metadata"]  # untouched

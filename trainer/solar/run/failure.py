@@ -1,0 +1,25 @@
+"""A failed job: retry the stage while its failures stay within ``runPolicy.backoffLimit``.
+
+A retry deletes the failed job (stage jobs have deterministic names) and the next attempt resumes
+from the stage's newest verified checkpoint (``resume.py``). Past the limit the run fails and the
+last job is kept, so its pods can be inspected until ``ttlSecondsAfterFinished``. Suspending and
+resuming never counts as a failure.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+
+@dataclass(frozen=True)
+class Verdict:
+    retry: bool
+    failures: int          # failures of this stage so far, this one included
+    detail: str            # what failed, for the condition message and the event
+
+
+def on_job_failed(*, failures: int, backoff_limit: int, job_message: str = "",
+                  result_message: str | None = None) -> Verdict:
+    detail = "; ".join(dict.fromkeys(m for m in (job_message, result_message) if m)) or "no message"
+    failures += 1
+    return Verdict(failures <= backoff_limit, failures, detail)

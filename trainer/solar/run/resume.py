@@ -1,0 +1,36 @@
+"""Where the next attempt of a stage starts.
+
+- First attempt, or a stage directory nothing has been written to: fresh, with the planned init.
+- Training stage with a verified checkpoint in its directory: a full resume from the newest one
+  (the checkpoint at ``train.max_steps`` too: the trainer then only finishes that step's
+  validation and its run-result).
+- Training stage whose directory holds a launched run but no verified checkpoint: refused
+  (``NothingToResume``): the trainer will not start over in a used directory, and silently starting
+  fresh elsewhere would lose track of what ran.
+- Inference stage: ``solar infer`` continues an unfinished generation in the same directory.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from solar.run.observe import StageFiles
+from solar.run.plan import StagePlan
+
+
+@dataclass(frozen=True)
+class Start:
+    resume_from: str | None      # a checkpoint of the stage's own directory, as the pods see it
+    how: str                     # for messages: fresh | continuing | from <path>
+
+
+def next_start(plan: StagePlan, files: StageFiles, attempt: int) -> Start | None:
+    """How attempt ``attempt`` starts, or None when it cannot (NothingToResume)."""
+    if plan.action == "train":
+        if files.latest is not None:
+            path = plan.checkpoint_dir(files.latest)
+            return Start(path, f"from {path}")
+        if files.launched:
+            return None
+        return Start(None, "fresh")
+    return Start(None, "continuing" if files.launched else "fresh")
