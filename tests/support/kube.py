@@ -8,7 +8,7 @@ rely on: uid / resourceVersion / creationTimestamp / generation; 409 AlreadyExis
 real apiserver does; kopf catches exactly that); a separate ``/status`` subresource; merge,
 JSON and strategic-merge (as merge) patches; PUT; finalizers; label/field selectors; watches that
 resume from a resourceVersion (an event log), ``timeoutSeconds``, ``sendInitialEvents``; Tables for
-``kubectl get``; CRDs (from YAML or created at runtime) both served as resources and stored.
+``kubectl get`` (with a CRD's printer columns); CRDs (from YAML or created at runtime) both served as resources and stored.
 Hooks into kmock: ``__call__`` (kmock 0.8's path parser crashes on ``/api/v1/namespaces``), the
 ``ResourcesArray``/``ResourceInfo`` discovery model and the ``ObjectsArray`` store.
 """
@@ -227,6 +227,7 @@ class FaithfulEmulator(KubernetesEmulator):
     _log: list[tuple[int, resource, str, dict[str, Any], dict[str, Any] | None]] = attrs.field(factory=list, init=False)
     _tick: asyncio.Event | None = attrs.field(default=None, init=False)  # replaced on every event
     _storage: dict[tuple[str, str], str] = attrs.field(factory=dict, init=False)  # (group, plural) -> version
+    _printers: dict[resource, list[dict[str, Any]]] = attrs.field(factory=dict, init=False)  # additionalPrinterColumns
     closing: bool = attrs.field(default=False, init=False)
     internal_errors: list[str] = attrs.field(factory=list, init=False)
 
@@ -253,6 +254,7 @@ class FaithfulEmulator(KubernetesEmulator):
         self._storage[spec["group"], names["plural"]] = next(
             (v["name"] for v in versions if v.get("storage")), versions[0]["name"])
         for v in versions:
+            self._printers[resource(spec["group"], v["name"], names["plural"])] = v.get("additionalPrinterColumns", [])
             self.resources[resource(spec["group"], v["name"], names["plural"])] = ResourceInfo(
                 kind=names["kind"], singular=names.get("singular") or names["kind"].lower(),
                 namespaced=spec.get("scope", "Namespaced") == "Namespaced", verbs=CRD_VERBS,
@@ -511,11 +513,15 @@ class FaithfulEmulator(KubernetesEmulator):
         else:
             items = [obj]
         if raw.method == "GET" and "as=Table" in raw.headers.get("Accept", ""):  # kubectl get's tables
+            # a CRD's additionalPrinterColumns (simple .a.b paths), else the apiserver's default columns
+            columns = self._printers.get(res) or [{"name": "Created At", "type": "date",
+                                                   "jsonPath": ".metadata.creationTimestamp"}]
             obj = {"apiVersion": "meta.k8s.io/v1", "kind": "Table", "metadata": {"resourceVersion": str(self._rv)},
-                   "columnDefinitions": [{"name": "Name", "type": "string", "format": "name"},
-                                         {"name": "Created At", "type": "date"}],
-                   "rows": [{"cells": [i["metadata"]["name"], i["metadata"]["creationTimestamp"]], "object": i}
-                            for i in items]}
+                   "columnDefinitions": [{"name": "Name", "type": "string", "format": "name"}] + [
+                       {"name": c["name"], "type": c.get("type", "string"), "format": c.get("format", "")}
+                       for c in columns],
+                   "rows": [{"cells": [i["metadata"]["name"]] + [_json_path(i, c["jsonPath"]) for c in columns],
+                             "object": i} for i in items]}
         return aiohttp.web.json_response(obj, status=status)
 
     async def _watch(self, raw: aiohttp.web.BaseRequest, res: resource, ns: str | None,
@@ -573,6 +579,13 @@ class FaithfulEmulator(KubernetesEmulator):
         self.closing = True
         if self._tick is not None:
             self._tick.set()
+
+
+def _json_path(obj: Any, path: str) -> Any:
+    """A printer column's value for a dotted path like ``.status.phase`` (None when absent)."""
+    for part in path.strip(".").split("."):
+        obj = obj.get(part) if isinstance(obj, dict) else None
+    return obj
 
 
 def _gv_path(res: resource) -> str:

@@ -26,6 +26,9 @@ spec:
     served: true
     storage: true
     subresources: {status: {}}
+    additionalPrinterColumns:
+    - {name: Size, type: integer, jsonPath: .spec.size}
+    - {name: Age, type: date, jsonPath: .metadata.creationTimestamp}
     schema:
       openAPIV3Schema: {type: object, x-kubernetes-preserve-unknown-fields: true}
 """
@@ -202,7 +205,8 @@ def test_kubectl_workflow(cluster: Cluster, tmp_path: Path):
     manifest.write_text(manifest.read_text().replace("size: 1", "size: 2"))
     assert "configured" in cluster.kubectl("apply", "-f", str(manifest)).stdout
     assert cluster.kubectl("get", "widget", "w1", "-o", "jsonpath={.spec.size}/{.metadata.generation}").stdout == "2/2"
-    assert "w1" in cluster.kubectl("get", "wd").stdout  # a table, by short name
+    table = cluster.kubectl("get", "wd").stdout.splitlines()  # a table, by short name, with printer columns
+    assert table[0].split() == ["NAME", "SIZE", "AGE"] and table[1].split()[:2] == ["w1", "2"]
 
     cluster.kubectl("patch", "widget", "w1", "--subresource=status", "--type=merge", "-p", '{"status":{"phase":"Running"}}')
     assert cluster.get(f"{WIDGETS}/w1")["status"] == {"phase": "Running"}

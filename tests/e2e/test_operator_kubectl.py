@@ -1,0 +1,129 @@
+"""The shipped ``solar-operator`` process against the emulated API server, driven with ``kubectl``.
+
+Every manifest in ``examples/`` is applied with ``kubectl apply`` and reaches its first job;
+``kubectl get``/``wait``/``patch``/``delete`` behave as users expect; the liveness and metrics
+endpoints answer; a deleted run's series leave ``/metrics``.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import socket
+import subprocess
+import sys
+import urllib.request
+from pathlib import Path
+
+import pytest
+import yaml
+
+from tests.conftest import REPO
+from tests.integration.world import CRD, write_checkpoint
+from tests.support.crd_schema import anchor
+from tests.support.kube import KUBECTL, emulated_cluster, wait_for
+
+pytestmark = [pytest.mark.slow, pytest.mark.timeout(240),
+              pytest.mark.skipif(not Path(KUBECTL).is_file(), reason=f"{KUBECTL} is not installed")]
+EXAMPLES = sorted((REPO / "examples").glob("*.yaml"))
+
+
+def _port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def _get(url: str) -> str:
+    with urllib.request.urlopen(url, timeout=5) as resp:
+        return resp.read().decode()
+
+
+@pytest.fixture
+def cluster(tmp_path):
+    with emulated_cluster([CRD, anchor("kubeflow.org_pytorchjobs.yaml")], tmp_path) as running:
+        yield running
+
+
+@pytest.fixture
+def operator(cluster, tmp_path):
+    storage = tmp_path / "runs"
+    storage.mkdir()
+    metrics_port, live_port = _port(), _port()
+    exe = Path(sys.executable).with_name("solar-operator")
+    log = open(tmp_path / "operator.log", "w")  # noqa: SIM115 (closed below)
+    env = {**os.environ, "KUBECONFIG": str(cluster.kubeconfig), "SOLAR_OPERATOR_POLL_SECONDS": "0.5"}
+    proc = subprocess.Popen([str(exe), "--standalone", "-A", "--storage-root", str(storage), "--metrics-port",
+                             str(metrics_port), "--liveness", f"http://127.0.0.1:{live_port}/healthz"],
+                            env=env, stdout=log, stderr=subprocess.STDOUT, cwd=tmp_path)
+
+    def alive():
+        try:
+            return _get(f"http://127.0.0.1:{live_port}/healthz")
+        except OSError:
+            assert proc.poll() is None, (tmp_path / "operator.log").read_text()[-3000:]
+            return None
+    wait_for(alive, timeout=60, message="the operator's liveness endpoint")
+    yield {"metrics": f"http://127.0.0.1:{metrics_port}/metrics", "live": f"http://127.0.0.1:{live_port}/healthz",
+           "storage": storage, "log": tmp_path / "operator.log"}
+    proc.send_signal(signal.SIGTERM)
+    try:
+        proc.wait(timeout=30)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+        log.close()
+
+
+def test_kubectl_apply_get_wait_on_every_example(cluster, operator):
+    k = cluster.kubectl
+    for path in EXAMPLES:
+        k("apply", "-f", str(path))
+    names = [yaml.safe_load(p.read_text())["metadata"]["name"] for p in EXAMPLES]
+    for name in names:
+        k("wait", "--for=jsonpath={.status.phase}=Running", f"solarrun/{name}", "--timeout=60s")
+        k("wait", "--for=condition=Validated", f"srun/{name}", "--timeout=10s")
+    table = k("get", "srun").stdout.splitlines()
+    assert table[0].split() == ["NAME", "PHASE", "STAGE", "STEP", "AGE"]
+    assert sorted(line.split()[:3] for line in table[1:]) == sorted([n, "Running", "fm"] for n in names)
+    jobs = k("get", "pytorchjobs", "-o", "jsonpath={.items[*].metadata.name}").stdout.split()
+    assert sorted(jobs) == sorted(f"{n}-fm" for n in names)
+    events = k("get", "events", "--field-selector", f"involvedObject.name={names[0]}", "-o",
+               "jsonpath={.items[*].reason}").stdout.split()
+    assert events[:2] == ["Resolved", "StageStarted"]
+    health = _get(operator["live"])
+    assert '"runs"' in health
+    text = _get(operator["metrics"])
+    assert 'solar_runs{phase="Running"} 3.0' in text
+    assert 'solar_operator_reconcile_total{handler="create",result="success"}' in text
+
+    # suspend and resume through kubectl patch
+    k("patch", "srun", names[0], "--type", "merge", "-p", '{"spec":{"runPolicy":{"suspend":true}}}')
+    k("wait", "--for=condition=Suspended", f"srun/{names[0]}", "--timeout=30s")
+    wait_for(lambda: f"{names[0]}-fm" not in k("get", "pytorchjobs", "-o", "name").stdout, timeout=30)
+    k("patch", "srun", names[0], "--type", "merge", "-p", '{"spec":{"runPolicy":{"suspend":false}}}')
+    k("wait", "--for=jsonpath={.status.phase}=Running", f"srun/{names[0]}", "--timeout=30s")
+
+    # a bad run fails with a reason users can wait on, and gets no job
+    bad = yaml.safe_load(EXAMPLES[0].read_text())
+    bad["metadata"]["name"] = "typo"
+    bad["spec"]["stages"][1]["init"] = {"model": {"stage": "fn", "weights": "ema"}}
+    (operator["storage"].parent / "typo.yaml").write_text(yaml.safe_dump(bad))
+    k("apply", "-f", str(operator["storage"].parent / "typo.yaml"))
+    k("wait", "--for=condition=Failed", "srun/typo", "--timeout=30s")
+    reason = k("get", "srun", "typo", "-o", "jsonpath={.status.conditions[?(@.type=='Validated')].reason}").stdout
+    assert reason == "InvalidInit"
+    assert "typo-" not in k("get", "pytorchjobs", "-o", "name").stdout
+
+    # a checkpoint in the stage directory shows as the run's step, in kubectl and in /metrics
+    first = yaml.safe_load(EXAMPLES[0].read_text())
+    write_checkpoint(operator["storage"] / first["spec"]["storage"]["path"] / "fm", 2)
+    k("wait", "--for=jsonpath={.status.step}=2", f"srun/{names[0]}", "--timeout=30s")
+    series = f'solar_run_checkpoint_step{{namespace="default",run="{names[0]}",stage="fm"}} 2.0'
+    wait_for(lambda: series in _get(operator["metrics"]), timeout=30, message="the checkpoint series")
+
+    # deleting a run removes its per-run series
+    k("delete", "srun", names[0])
+    wait_for(lambda: f'run="{names[0]}"' not in _get(operator["metrics"]) or None, timeout=30)
+    text = _get(operator["metrics"])
+    assert 'solar_runs{phase="Failed"} 1.0' in text and 'solar_runs{phase="Running"} 2.0' in text
