@@ -498,8 +498,8 @@ class FaithfulEmulator(KubernetesEmulator):
 
     def _select(self, res: resource, ns: str | None, labels: str, fields: str) -> list[dict[str, Any]]:
         key_res = self._key(res, None, "")[0]
-        return [obj for (r, n, _), o in self.objects.items() if r == key_res and not o.deleted
-                for obj in [copy.deepcopy(o.raw)] if _matches(obj, ns, None, labels, fields)]
+        found = [o.raw for (r, _, _), o in self.objects.items() if r == key_res and not o.deleted]
+        return [copy.deepcopy(raw) for raw in found if _matches(raw, ns, None, labels, fields)]  # copy what is sent
 
     def _respond(self, raw: aiohttp.web.BaseRequest, res: resource, info: ResourceInfo, obj: dict[str, Any],
                  status: int = 200) -> aiohttp.web.Response:

@@ -88,7 +88,7 @@ def _checkpoint_dir(stage_dir: str, step: int) -> str:
 def plan_run(spec: SolarRunSpec, run_root: str, *, repo: str | os.PathLike[str] = ".",
              environ: dict | None = None) -> RunPlan:
     """Validate every stage and return the plan, or raise ``RunInvalid``."""
-    from solar.config.resolve import resolve_file
+    from solar.config.resolve import resolve_tree
 
     names = [s.name for s in spec.stages]
     if len(set(names)) != len(names):
@@ -110,10 +110,8 @@ def plan_run(spec: SolarRunSpec, run_root: str, *, repo: str | os.PathLike[str] 
                              stage.name)
         stage_dir = f"{run_root}/{stage.name}"
         # the action decides which batch fields the run may set: read it first
-        from solar.config.loader import read_document
-
         try:
-            document = read_document(config_path)[1]
+            digest, document = _read_config(config_path)
         except ConfigError as exc:
             raise RunInvalid(exc.reason, f"{where}: {exc.message}", stage.name) from None
         action = document.get("action")
@@ -128,7 +126,8 @@ def plan_run(spec: SolarRunSpec, run_root: str, *, repo: str | os.PathLike[str] 
         wiring, sources = _wiring(stage, index, plans, action, where)
         sets = tuple(stage.set) + tuple(owned) + tuple(wiring)
         try:
-            resolved = resolve_file(config_path, sets, environ=environ if environ is not None else dict(os.environ))
+            resolved = resolve_tree(document, source=str(config_path), source_digest=digest, sets=sets,
+                                    environ=environ if environ is not None else dict(os.environ))
         except ConfigError as exc:
             raise RunInvalid(exc.reason, f"{where}: {exc.message}", stage.name) from None
         cfg, route = resolved.config, resolved.route
@@ -143,6 +142,25 @@ def plan_run(spec: SolarRunSpec, run_root: str, *, repo: str | os.PathLike[str] 
     t = spec.topology
     dp = t.world_size // t.sequenceParallelSize
     return RunPlan(tuple(plans), t.world_size, dp, t.globalBatchSize or dp * t.microBatchSize * t.gradientAccumulation)
+
+
+_CONFIGS: dict[tuple[str, int, int], tuple[str, dict]] = {}
+
+
+def _read_config(path: Path) -> tuple[str, dict]:
+    """(source digest, parsed tree) of a stage config, parsed once per file version: the operator
+    plans every new or changed run, and the configs in its image do not change."""
+    from solar.config.canonical import blake2s_hex
+    from solar.config.loader import read_document
+
+    st = path.stat()
+    key = (str(path.resolve()), st.st_mtime_ns, st.st_size)
+    if key not in _CONFIGS:
+        if len(_CONFIGS) > 256:
+            _CONFIGS.clear()
+        raw, tree = read_document(path)
+        _CONFIGS[key] = (blake2s_hex(raw), tree)
+    return _CONFIGS[key]
 
 
 def _wiring(stage, index: int, earlier: list[StagePlan], action: str, where: str) -> tuple[list[str], dict]:
