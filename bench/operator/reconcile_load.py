@@ -9,7 +9,10 @@ API server emulator (tests/support/kube.py), with every run's stage directory on
   stage's PyTorchJob created; once as a burst (all N together) and once paced (one run every
   ``--pace`` seconds, the steady state of a busy cluster);
 - the operator's resident memory (VmRSS, VmHWM) and CPU seconds, idle with N active runs and
-  after the bursts.
+  after the bursts;
+- peer: the API calls one "next job" reconcile needs (GET the run, LIST its jobs, POST the job,
+  PATCH the status), made back to back by one client in this process against the same server,
+  so the operator's latency reads as a ratio to the floor this server sets.
 
 Job creation times are taken from a watch on PyTorchJobs (arrival time here), so they include the
 emulator and the watch. Prints one JSON document.
@@ -143,6 +146,9 @@ def main() -> None:
             result["next_job_paced"] = _percentiles(_advance(world, names, "anyflow", "generate", watch, args.pace))
             result["pace_seconds"] = args.pace
             result["operator_end"] = _proc_stats(proc.pid)
+            result["peer_api_calls"] = _percentiles(_peer(world, names[0]))
+            result["ratio_paced_p50_to_peer_p50"] = round(result["next_job_paced"]["p50_ms"]
+                                                          / result["peer_api_calls"]["p50_ms"], 2)
             text = _scrape(metrics_port)
             result["reconcile_duration"] = _histogram(text, "solar_operator_reconcile_duration_seconds")
         finally:
@@ -153,6 +159,23 @@ def main() -> None:
                 proc.kill()
             log.close()
     print(json.dumps(result, indent=2))
+
+
+def _peer(world: World, name: str, repeat: int = 50) -> list[float]:
+    """The floor: the four API calls of a next-job reconcile, made directly and back to back."""
+    job = world.jobs()[f"{name}-generate"]
+    times = []
+    for i in range(repeat):
+        body = json.loads(json.dumps(job))
+        body["metadata"] = {"name": f"peer-{i}", "namespace": world.namespace,
+                            "labels": {"solarwm.io/run": "peer"}}
+        started = time.monotonic()
+        world.cluster.get(f"{world.runs_path}/{name}")
+        world.cluster.list(world.jobs_path, labelSelector="solarwm.io/run=peer")
+        world.cluster.create(world.jobs_path, body)
+        world.cluster.patch(f"{world.runs_path}/{name}/status", {"status": {"step": i}})
+        times.append(time.monotonic() - started)
+    return times
 
 
 def _scrape(port: int) -> str | None:
