@@ -32,6 +32,7 @@ GOOD = dict(exists=True, launched=True, result="complete", latest=4, final="veri
     (TRAIN, {**GOOD, "marker": False}, "ValidationIncomplete", "validation step 4 has no COMPLETE.json"),
     (INFER, {**GOOD, "marker": False}, "ValidationIncomplete", "the generation has no COMPLETE.json"),
     (TRAIN, {**GOOD, "result": "failed", "final": "missing"}, "ResultIncomplete", None),  # the first rule broken
+    (TRAIN, {"exists": False}, "StageDirectoryMissing", "/runs/x/fm is not visible"),
 ])
 def test_completion_rules(plan, files, reason, fragment):
     problem = completion_problem(plan, StageFiles(**files))

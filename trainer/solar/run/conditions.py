@@ -45,6 +45,9 @@ COMPLETED = Reason("Completed", "every stage succeeded")
 JOB_ADOPTED = Reason("JobAdopted", "stage {stage}: found its job {job} (attempt {attempt}) and continued watching it")
 
 # Stage success (success.py): a succeeded job is not yet a succeeded stage
+STAGE_DIRECTORY_MISSING = Reason("StageDirectoryMissing", "stage {stage}: the job succeeded but its directory {dir} "
+                                                         "is not visible where the run volume should be (the "
+                                                         "operator's --storage-root)")
 RESULT_INCOMPLETE = Reason("ResultIncomplete", "stage {stage}: the job succeeded but run-result.json says {result}")
 CHECKPOINT_MISSING = Reason("CheckpointMissing", "stage {stage}: the final checkpoint {path} does not exist")
 CHECKPOINT_INCOMPLETE = Reason("CheckpointIncomplete", "stage {stage}: the final checkpoint {path} is incomplete: "

@@ -1,6 +1,6 @@
 """Stage success: a succeeded job is a succeeded stage only when its directory proves it (contract.md §4).
 
-The stage directory must hold ``run-result.json`` with status ``complete``; a training stage's final
+The stage directory must exist (where the operator reads it) and hold ``run-result.json`` with status ``complete``; a training stage's final
 checkpoint (``step_<train.max_steps>``) must verify; and when the stage validates (or is an inference
 stage) the last validation step's (or the generation's) ``COMPLETE.json`` must exist. The first
 unmet rule is the failure reason; a missing checkpoint is never read as "start fresh".
@@ -18,6 +18,8 @@ _FINAL = {"missing": C.CHECKPOINT_MISSING, "incomplete": C.CHECKPOINT_INCOMPLETE
 
 def completion_problem(plan: StagePlan, files: StageFiles) -> tuple[C.Reason, str] | None:
     """(reason, message) for the first success rule the stage directory breaks, or None."""
+    if not files.exists:
+        return C.STAGE_DIRECTORY_MISSING, C.STAGE_DIRECTORY_MISSING.message(stage=plan.name, dir=plan.stage_dir)
     if files.result != "complete":
         return C.RESULT_INCOMPLETE, C.RESULT_INCOMPLETE.message(stage=plan.name, result=files.result or "nothing "
                                                                 "(no run-result.json)")
