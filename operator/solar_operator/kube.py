@@ -45,12 +45,11 @@ def api_client(url: str | None = None):
 
 class Kube:
     def __init__(self, api) -> None:
+        import urllib3
         from kubernetes import client
 
         self.custom = client.CustomObjectsApi(api)
         self.core = client.CoreV1Api(api)
-        import urllib3
-
         self._exc = client.exceptions.ApiException
         self._down = (OSError, urllib3.exceptions.HTTPError)  # refused, reset, timed out
         self._instance = os.environ.get("POD_NAME") or socket.gethostname()
