@@ -2,7 +2,7 @@
 
 Flags are those of contract.md §1: ``--storage-root`` (env ``SOLAR_OPERATOR_STORAGE_ROOT``, default
 ``/runs``: where the run volume is mounted), ``--metrics-port`` (8080), and kopf's ``--standalone``,
-``-A``/``-n NS``, ``--liveness URL``. Cluster credentials come from the in-cluster service account
+``-A``/``-n NS``, ``--liveness URL``, ``--verbose``/``--debug``/``--quiet``, ``--log-format``. Cluster credentials come from the in-cluster service account
 or ``$KUBECONFIG``. ``SOLAR_OPERATOR_POLL_SECONDS`` (default 10) sets how often an active run's
 stage directory is looked at; job changes are seen at once through the watch. Stage configs are
 resolved from the repository at ``SOLAR_REPO`` (default: the one this package is installed from;
@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import logging
 import os
 import sys
 from collections.abc import Sequence
@@ -30,6 +31,10 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("-A", "--all-namespaces", action="store_true", help="kopf: watch every namespace")
     parser.add_argument("-n", "--namespace", action="append", default=[], help="kopf: watch this namespace")
     parser.add_argument("--liveness", metavar="URL", help="kopf: liveness endpoint, e.g. http://0.0.0.0:8081/healthz")
+    parser.add_argument("--verbose", action="store_true", help="kopf: more logging")
+    parser.add_argument("--debug", action="store_true", help="kopf: debug logging")
+    parser.add_argument("--quiet", action="store_true", help="kopf: warnings and errors only")
+    parser.add_argument("--log-format", choices=("plain", "full", "json"), default="full", help="kopf: log format")
     return parser
 
 
@@ -58,6 +63,11 @@ def main(argv: Sequence[str] | None = None) -> int:
 
     from solar_operator import handlers, metrics
 
+    kopf.configure(debug=args.debug, verbose=args.verbose, quiet=args.quiet,
+                   log_format=kopf.LogFormat[args.log_format.upper()])
+    if not (args.verbose or args.debug):  # one line per transition (solar_operator), not per handler call
+        for chatty in ("kopf.objects", "aiohttp.access"):
+            logging.getLogger(chatty).setLevel(logging.WARNING)
     registry = kopf.OperatorRegistry()
 
     @kopf.on.login(id="kube-login", registry=registry)

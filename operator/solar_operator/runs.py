@@ -107,6 +107,7 @@ class Reconciler:
             self.kube.patch_run_status(namespace, name, merge_diff(stored, new))
         for kind, reason, message in decision.events:
             self.kube.post_event(run, kind, reason, message)
+            log.log(logging.WARNING if kind == "Warning" else logging.INFO, f"{namespace}/{name}: {reason}: {message}")
         for _stage, phase in decision.transitions:
             metrics.STAGE_TRANSITIONS.labels(to_phase=phase).inc()
         return decision
@@ -114,7 +115,9 @@ class Reconciler:
     def _act(self, run: dict, spec, plan, decision: machine.Decision, now: float, generation: int):
         for action in decision.actions:
             if action.kind == "delete_job":
-                self.backend.delete(run, action.job)
+                gone = self.backend.delete(run, action.job)
+                log.info(f"{run['metadata']['namespace']}/{run['metadata']['name']}: job {action.job} "
+                         f"{'deleted' if gone else 'already gone'}")
                 continue
             try:
                 created = self.backend.create(run, spec, plan.stage(action.stage), action)
