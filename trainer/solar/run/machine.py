@@ -252,7 +252,7 @@ def _stage_done(r: _Run, st: StageStatus, p: StagePlan, files: StageFiles) -> No
     now = iso(r.now)
     r.stage_phase(st, "Succeeded")
     st.completionTime = now
-    st.reason, st.message = "Completed", None
+    st.reason, st.message = C.STAGE_SUCCEEDED.name, None
     what = ""
     if p.final_step is not None:
         st.checkpoint = CheckpointStatus(step=p.final_step, path=p.checkpoint_dir(p.final_step), verifiedAt=now)
