@@ -6,7 +6,7 @@ STAMP  := $(VENV)/.installed
 # Exact pin: the CPU wheel on these machines. An unpinned torch pulls a multi-GB CUDA build.
 TORCH  := torch==2.13.0
 
-.PHONY: demo test venv clean
+.PHONY: demo test venv tools clean
 
 venv: $(STAMP)
 
@@ -18,8 +18,12 @@ $(STAMP): pyproject.toml Makefile
 demo: $(STAMP)
 	PATH="$(CURDIR)/$(BIN):$$PATH" ./scripts/demo.sh
 
-test: $(STAMP)
+# helm, kubectl, prometheus and promtool for the chart and monitoring tests, fetched into .cache/tools/bin.
+tools:
+	$(PYTHON) scripts/fetch_tools.py
+
+test: $(STAMP) tools
 	$(BIN)/python -m pytest
 
 clean:
-	rm -rf $(VENV) demo-out .pytest_cache .hypothesis
+	rm -rf $(VENV) demo-out .pytest_cache .hypothesis .cache/tools

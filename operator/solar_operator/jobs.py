@@ -26,6 +26,9 @@ API_VERSION, KIND, PLURAL = "kubeflow.org/v1", "PyTorchJob", "pytorchjobs"
 GROUP, VERSION = "kubeflow.org", "v1"
 RUN_LABEL, STAGE_LABEL, ATTEMPT_LABEL = "solarwm.io/run", "solarwm.io/stage", "solarwm.io/attempt"
 RESUME_ANNOTATION = "solarwm.io/resume-from"
+REPLICA_LABEL = "solarwm.io/replica"   # master | worker
+# Trainer pods: what the chart's trainer PodMonitor selects (with REPLICA_LABEL=master).
+POD_LABELS = {"app.kubernetes.io/name": "solar-trainer", "app.kubernetes.io/component": "trainer"}
 METRICS_PORT = 9400
 DNS1035 = re.compile(r"^[a-z]([-a-z0-9]*[a-z0-9])?$")
 
@@ -41,32 +44,41 @@ def manifest(run: dict, spec: SolarRunSpec, plan: StagePlan, job: str, *, attemp
     for extra in spec.volumes:
         mounts.append({"name": extra.name, "mountPath": extra.mountPath, "readOnly": extra.readOnly})
         volumes.append({"name": extra.name, **extra.volume})
-    container = {
-        "name": "pytorch",
-        "image": spec.image,
-        "imagePullPolicy": spec.imagePullPolicy,
-        "command": ["torchrun"],
-        "args": [f"--nproc-per-node={plan.nproc}", *plan.arguments(resume_from)],
-        "env": [{"name": "SOLAR_METRICS_PORT", "value": str(METRICS_PORT)},
-                {"name": "PYTHONUNBUFFERED", "value": "1"}],
-        "ports": [{"name": "pytorchjob-port", "containerPort": 23456},
-                  {"name": "metrics", "containerPort": METRICS_PORT}],
-        "volumeMounts": mounts,
-        "resources": stage_resources(spec, plan.name),
-    }
-    pod = {"containers": [container], "volumes": volumes, "restartPolicy": "Never"}
-    for key in ("nodeSelector", "affinity", "priorityClassName", "schedulerName"):
-        value = getattr(spec, key)
-        if value:
-            pod[key] = value
-    if spec.tolerations:
-        pod["tolerations"] = spec.tolerations
-    template = {"metadata": {"labels": {**labels, ATTEMPT_LABEL: str(attempt)},
-                             "annotations": {"prometheus.io/scrape": "true", "prometheus.io/port": str(METRICS_PORT)}},
-                "spec": pod}
-    replicas = {"Master": {"replicas": 1, "restartPolicy": "Never", "template": template}}
+    def template(replica: str) -> dict:
+        """Rank 0 runs in the Master pod, so only Master pods declare the metrics port and carry the
+        ``solarwm.io/replica: master`` label the chart's trainer PodMonitor selects."""
+        master = replica == "Master"
+        ports = [{"name": "pytorchjob-port", "containerPort": 23456}]
+        if master:
+            ports.append({"name": "metrics", "containerPort": METRICS_PORT})
+        container = {
+            "name": "pytorch",
+            "image": spec.image,
+            "imagePullPolicy": spec.imagePullPolicy,
+            "command": ["torchrun"],
+            "args": [f"--nproc-per-node={plan.nproc}", *plan.arguments(resume_from)],
+            "env": [{"name": "SOLAR_METRICS_PORT", "value": str(METRICS_PORT)},
+                    {"name": "PYTHONUNBUFFERED", "value": "1"}],
+            "ports": ports,
+            "volumeMounts": mounts,
+            "resources": stage_resources(spec, plan.name),
+        }
+        pod = {"containers": [container], "volumes": volumes, "restartPolicy": "Never"}
+        for key in ("nodeSelector", "affinity", "priorityClassName", "schedulerName"):
+            value = getattr(spec, key)
+            if value:
+                pod[key] = value
+        if spec.tolerations:
+            pod["tolerations"] = spec.tolerations
+        pod_labels = {**labels, **POD_LABELS, ATTEMPT_LABEL: str(attempt), REPLICA_LABEL: replica.lower()}
+        metadata = {"labels": pod_labels}
+        if master:
+            metadata["annotations"] = {"prometheus.io/scrape": "true", "prometheus.io/port": str(METRICS_PORT)}
+        return {"metadata": metadata, "spec": pod}
+
+    replicas = {"Master": {"replicas": 1, "restartPolicy": "Never", "template": template("Master")}}
     if plan.nodes > 1:
-        replicas["Worker"] = {"replicas": plan.nodes - 1, "restartPolicy": "Never", "template": template}
+        replicas["Worker"] = {"replicas": plan.nodes - 1, "restartPolicy": "Never", "template": template("Worker")}
     policy = spec.runPolicy
     run_policy = {"cleanPodPolicy": policy.cleanPodPolicy, "backoffLimit": 0}
     if policy.ttlSecondsAfterFinished is not None:

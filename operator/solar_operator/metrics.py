@@ -22,7 +22,17 @@ RECONCILE_SECONDS = Histogram("solar_operator_reconcile_duration_seconds", "Time
                               registry=REGISTRY, buckets=(0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10))
 STAGE_TRANSITIONS = Counter("solar_run_stage_transitions_total", "Stage phase transitions.", ["to_phase"],
                             registry=REGISTRY)
+STAGE_FAILURES = Counter("solar_run_stage_failures_total", "Failed stage jobs by the error type the trainer "
+                         "recorded in run-result.json (unknown: none recorded).", ["error_type"], registry=REGISTRY)
 PHASES = ("Pending", "Running", "Succeeded", "Failed", "Suspended")
+# The trainer's error types (solar.train.launch); anything else is counted as "other" (bounded labels).
+ERROR_TYPES = ("non_finite", "oom", "sp_mismatch", "data", "checkpoint", "validation_setup", "error", "unknown", "other")
+for _type in ERROR_TYPES:  # present from the start, so increase() sees the first failure
+    STAGE_FAILURES.labels(error_type=_type)
+
+
+def count_stage_failure(error_type: str) -> None:
+    STAGE_FAILURES.labels(error_type=error_type if error_type in ERROR_TYPES else "other").inc()
 
 
 class RunStates:
@@ -62,6 +72,11 @@ class RunCollector:
         for phase, n in counts.items():
             phases.add_metric([phase], n)
         yield phases
+        current = GaugeMetricFamily("solar_run_phase", "1 for each SolarRun's current phase and stage.",
+                                    labels=["namespace", "run", "phase", "stage"])
+        for namespace, name, status in runs:
+            current.add_metric([namespace, name, status.get("phase") or "Pending", status.get("currentStage") or ""], 1)
+        yield current
         step = GaugeMetricFamily("solar_run_checkpoint_step", "Latest verified checkpoint step per stage.",
                                  labels=["namespace", "run", "stage"])
         stamp = GaugeMetricFamily("solar_run_checkpoint_timestamp_seconds",
@@ -77,8 +92,6 @@ class RunCollector:
                     verified = _epoch(ck.get("verifiedAt"))
                     if verified is not None:
                         stamp.add_metric(labels, verified)
-                if stage.get("name") == status.get("currentStage") and status.get("step") is not None and not ck:
-                    step.add_metric(labels, status["step"])
                 v = stage.get("validation")
                 if v and v.get("step") is not None:
                     validation.add_metric(labels, v["step"])

@@ -110,6 +110,8 @@ class Reconciler:
             log.log(logging.WARNING if kind == "Warning" else logging.INFO, f"{namespace}/{name}: {reason}: {message}")
         for _stage, phase in decision.transitions:
             metrics.STAGE_TRANSITIONS.labels(to_phase=phase).inc()
+        for _stage, error_type in decision.job_failures:
+            metrics.count_stage_failure(error_type)
         return decision
 
     def _act(self, run: dict, spec, plan, decision: machine.Decision, now: float, generation: int):

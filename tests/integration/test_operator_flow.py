@@ -90,15 +90,22 @@ def test_a_three_stage_run_advances_as_its_jobs_finish(world):
         assert f"solar_run_checkpoint_step{{{labels}}} 4.0" in text
         assert f"solar_run_validation_step{{{labels}}} 4.0" in text
         assert 'solar_operator_reconcile_total{handler="job",result="success"}' in text
+        assert (f'solar_run_phase{{namespace="{world.namespace}",phase="Succeeded",run="three-stage",'
+                f'stage="generate"}} 1.0') in text
         world.cluster.delete(f"{world.runs_path}/three-stage")
         wait_for(lambda: f'run="three-stage"' not in _scrape(), message="the deleted run's series to vanish")
 
 
+def _failures(error_type: str) -> float:
+    return metrics.REGISTRY.get_sample_value("solar_run_stage_failures_total", {"error_type": error_type})
+
+
 def test_failed_jobs_retry_from_the_newest_checkpoint_then_the_run_fails(world):
+    before = _failures("non_finite"), _failures("unknown")
     with world.operator():
         world.apply(_run("retry", backoffLimit=1))
         world.wait_job("retry-fm")
-        world.write_stage("retry", "fm", result="failed", checkpoint=False, steps=(2,))
+        world.write_stage("retry", "fm", result="failed", checkpoint=False, steps=(2,), error_type="non_finite")
         world.set_job("retry-fm", "Failed", "pod retry-fm-master-0 exited with code 1")
         second = wait_for(lambda: (lambda j: j if j and j["metadata"]["labels"]["solarwm.io/attempt"] == "2" else None)(
             world.jobs().get("retry-fm")), message="attempt 2")
@@ -111,6 +118,8 @@ def test_failed_jobs_retry_from_the_newest_checkpoint_then_the_run_fails(world):
         assert failed["reason"] == "BackoffLimitExceeded" and "OOMKilled" in failed["message"]
         assert "retry-fm" in world.jobs()  # the last failed job is kept for inspection
         assert "JobFailed" in world.event_reasons("retry") and "BackoffLimitExceeded" in world.event_reasons("retry")
+    # both attempts counted by the trainer's error type (the second left the first attempt's run-result)
+    assert _failures("non_finite") - before[0] == 2 and _failures("unknown") == before[1]
 
 
 @pytest.mark.parametrize("break_it, reason", [

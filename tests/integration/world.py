@@ -104,7 +104,8 @@ class World:
         return self.storage / spec["storage"]["path"] / stage
 
     def write_stage(self, run: str, stage: str, *, result: str = "complete", checkpoint: bool = True,
-                    validation: bool = True, steps: tuple[int, ...] | None = None) -> Path:
+                    validation: bool = True, steps: tuple[int, ...] | None = None,
+                    error_type: str | None = None) -> Path:
         p = self.plan(run).stage(stage)
         root = self.stage_dir(run, stage)
         root.mkdir(parents=True, exist_ok=True)
@@ -122,7 +123,7 @@ class World:
             (root / "generation").mkdir(exist_ok=True)
             (root / "generation" / "COMPLETE.json").write_text(json.dumps({"status": "complete"}))
         if result:
-            write_result(root, result)
+            write_result(root, result, error_type=error_type)
         return root
 
     def events(self) -> list[dict]:

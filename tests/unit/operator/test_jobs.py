@@ -61,6 +61,11 @@ def test_job_shape_follows_the_contract():
     mounts = {m["mountPath"]: m for m in container["volumeMounts"]}
     assert "/runs" in mounts and mounts["/data"]["readOnly"] is True
     assert {p["name"] for p in container["ports"]} == {"pytorchjob-port", "metrics"}
+    # rank 0 (metrics) lives in the Master pod; workers declare no metrics port and are not selected
+    worker = specs["Worker"]["template"]
+    assert {p["name"] for p in worker["spec"]["containers"][0]["ports"]} == {"pytorchjob-port"}
+    assert specs["Master"]["template"]["metadata"]["labels"]["solarwm.io/replica"] == "master"
+    assert worker["metadata"]["labels"]["solarwm.io/replica"] == "worker"
     assert specs["Master"]["restartPolicy"] == "Never" and fm["spec"]["runPolicy"]["backoffLimit"] == 0
     dmd = built[2]["spec"]["pytorchReplicaSpecs"]["Master"]["template"]["spec"]["containers"][0]["args"]
     assert "checkpoint.roles.student.path=/runs/wan5b-camera/anyflow/checkpoints/step_00020000" in dmd

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import copy
 
 import jsonschema
 import pytest
@@ -11,40 +10,16 @@ import yaml
 from solar.run import crd
 from solar.run.spec import SolarRun, SolarRunStatus
 from tests.conftest import REPO
-
-
-def _crd_jsonschema(node):
-    """The CRD schema as strict JSON Schema: nullable -> null allowed, closed objects unless
-    x-kubernetes-preserve-unknown-fields (what the API server's pruning effectively enforces)."""
-    node = dict(node)
-    if node.pop("x-kubernetes-preserve-unknown-fields", False):
-        node.pop("properties", None)
-        return {k: v for k, v in node.items() if k in ("type", "description")}
-    nullable = node.pop("nullable", False)
-    if node.get("type") == "object" and "properties" in node:
-        node["properties"] = {k: _crd_jsonschema(v) for k, v in node["properties"].items()}
-        node.setdefault("additionalProperties", False)
-    elif isinstance(node.get("additionalProperties"), dict):
-        node["additionalProperties"] = _crd_jsonschema(node["additionalProperties"])
-    if node.get("type") == "array":
-        node["items"] = _crd_jsonschema(node["items"])
-    if nullable:
-        node["type"] = [node["type"], "null"]
-        if "enum" in node:
-            node["enum"] = [*node["enum"], None]
-    return node
+from tests.support.crd_schema import crd_validator_schema
 
 
 def _schema():
-    version = yaml.safe_load(crd.CRD_PATH.read_text())["spec"]["versions"][0]
-    root = version["schema"]["openAPIV3Schema"]
-    root = copy.deepcopy(root)
-    root["properties"]["metadata"] = {"type": "object"}
-    return _crd_jsonschema(root)
+    return crd_validator_schema(crd.CRD_PATH)
 
 
-def test_the_committed_crd_is_the_generated_one():
-    assert crd.CRD_PATH.read_text() == crd.render(), "run `python -m solar.run.crd` and commit the result"
+@pytest.mark.parametrize("path", [crd.CRD_PATH, crd.CHART_CRD_PATH], ids=["crds", "chart"])
+def test_the_committed_crd_is_the_generated_one(path):
+    assert path.read_text() == crd.render(), "run `python -m solar.run.crd` and commit the result"
 
 
 def test_every_node_is_structural():

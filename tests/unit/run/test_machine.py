@@ -125,13 +125,15 @@ def test_a_succeeded_job_does_not_make_a_succeeded_stage_without_its_files(files
 def test_failed_jobs_retry_from_the_last_checkpoint_until_the_backoff_limit():
     sim = Sim(_spec(backoffLimit=1))
     sim.step()
-    sim.files["fm"] = StageFiles(exists=True, launched=True, result="failed",
+    sim.files["fm"] = StageFiles(exists=True, launched=True, result="failed", result_error="non_finite",
                                  latest=2, last_activity=T0)
     sim.jobs["fm"] = JobState("tiny-wan-fm", "Failed", "exit code 1")
     d = sim.step()
     assert [(a.kind, a.stage) for a in d.actions] == [("delete_job", "fm")]
+    assert d.job_failures == [("fm", "non_finite")]  # counted once, by the trainer's error type
     assert sim.condition("Progressing").reason == "StageRetrying" and sim.status.phase == "Running"
     d = sim.step()  # the job is gone: the next attempt resumes
+    assert not d.job_failures
     assert d.actions[0].kind == "create_job" and d.actions[0].attempt == 2
     assert d.actions[0].resume_from == "/runs/tiny-wan/fm/checkpoints/step_00000002"
     sim.jobs["fm"] = JobState("tiny-wan-fm", "Failed", "exit code 1")

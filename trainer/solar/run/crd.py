@@ -1,7 +1,8 @@
 """The SolarRun CustomResourceDefinition, generated from the pydantic models in ``spec.py``.
 
-``crds/solarwm.io_solarruns.yaml`` is this document; ``python -m solar.run.crd`` rewrites it and a
-test fails when the committed file and the models drift apart. The conversion makes a structural
+``crds/solarwm.io_solarruns.yaml`` is this document, and so is the Helm chart's copy
+``charts/solar-operator/files/`` (a chart cannot read files outside itself); ``python -m
+solar.run.crd`` rewrites both and a test fails when a committed copy and the models drift apart. The conversion makes a structural
 schema: references inlined, every node typed, optional fields ``nullable``, free-form Kubernetes
 objects (volume sources, resources, affinity, tolerations) ``x-kubernetes-preserve-unknown-fields``.
 """
@@ -14,7 +15,9 @@ from typing import Any
 
 from solar.run.spec import GROUP, KIND, PLURAL, SHORT, VERSION, SolarRunSpec, SolarRunStatus
 
-CRD_PATH = Path(__file__).resolve().parents[3] / "crds" / f"{GROUP}_{PLURAL}.yaml"
+REPO = Path(__file__).resolve().parents[3]
+CRD_PATH = REPO / "crds" / f"{GROUP}_{PLURAL}.yaml"
+CHART_CRD_PATH = REPO / "charts" / "solar-operator" / "files" / f"{GROUP}_{PLURAL}.yaml"
 _KEEP = ("description", "pattern", "minimum", "maximum", "minLength", "maxLength", "minItems", "maxItems",
          "enum", "default", "format")
 
@@ -127,8 +130,10 @@ def render() -> str:
 
 
 if __name__ == "__main__":
+    text = render()
     if sys.argv[1:] == ["--check"]:
-        sys.exit(0 if CRD_PATH.is_file() and CRD_PATH.read_text() == render() else 1)
-    CRD_PATH.parent.mkdir(exist_ok=True)
-    CRD_PATH.write_text(render())
-    print(CRD_PATH)
+        sys.exit(0 if all(p.is_file() and p.read_text() == text for p in (CRD_PATH, CHART_CRD_PATH)) else 1)
+    for path in (CRD_PATH, CHART_CRD_PATH):
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_text(text)
+        print(path)

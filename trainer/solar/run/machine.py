@@ -75,6 +75,7 @@ class Decision:
     actions: list[Action] = field(default_factory=list)
     events: list[tuple[str, str, str]] = field(default_factory=list)   # (Normal|Warning, reason, message)
     transitions: list[tuple[str, str]] = field(default_factory=list)   # (stage, to_phase)
+    job_failures: list[tuple[str, str]] = field(default_factory=list)  # (stage, run-result error_type)
 
 
 def iso(t: float) -> str:
@@ -171,6 +172,7 @@ def _advance(r: _Run, spec: SolarRunSpec, st: StageStatus, p: StagePlan, obs: Ob
     files = obs.files.get(st.name) or StageFiles(exists=False)
     if p.action == "train":
         status.step = files.latest
+        _note_checkpoint(r, st, p, files.latest)
     job = obs.jobs.get(st.name)
     if job is not None and job.deleting:
         return False                                     # the previous attempt's job is still going away
@@ -221,6 +223,13 @@ def _start(r: _Run, st: StageStatus, p: StagePlan, files: StageFiles) -> None:
     r.event("Normal", C.STAGE_STARTED, message)
 
 
+def _note_checkpoint(r: _Run, st: StageStatus, p: StagePlan, step: int | None) -> None:
+    """The stage's newest verified checkpoint, stamped when the operator first saw it verified
+    (what checkpoint-age panels and alerts read)."""
+    if step is not None and (st.checkpoint is None or st.checkpoint.step != step):
+        st.checkpoint = CheckpointStatus(step=step, path=p.checkpoint_dir(step), verifiedAt=iso(r.now))
+
+
 def _adopt(r: _Run, st: StageStatus, job: JobState) -> None:
     """A job the status does not record (created just before an operator restart): take it as ours."""
     attempt = job.attempt or max(st.attempt, 1)
@@ -236,6 +245,7 @@ def _job_failed(r: _Run, spec: SolarRunSpec, st: StageStatus, job: JobState, fil
     verdict = failure.on_job_failed(failures=st.failures, backoff_limit=limit, job_message=job.message,
                                     result_message=files.result_message)
     st.failures = verdict.failures
+    r.decision.job_failures.append((st.name, files.result_error or "unknown"))
     if not verdict.retry:
         r.fail(st, C.BACKOFF_LIMIT_EXCEEDED, C.BACKOFF_LIMIT_EXCEEDED.message(
             stage=st.name, failures=verdict.failures, limit=limit, detail=verdict.detail))
@@ -255,7 +265,7 @@ def _stage_done(r: _Run, st: StageStatus, p: StagePlan, files: StageFiles) -> No
     st.reason, st.message = C.STAGE_SUCCEEDED.name, None
     what = ""
     if p.final_step is not None:
-        st.checkpoint = CheckpointStatus(step=p.final_step, path=p.checkpoint_dir(p.final_step), verifiedAt=now)
+        _note_checkpoint(r, st, p, p.final_step)
         r.status.step = p.final_step
         what = f" (checkpoint step {p.final_step})"
     if files.marker:

@@ -22,6 +22,7 @@ class StageFiles:
     launched: bool = False                  # launch-manifest.json exists: the directory is a run's
     result: str | None = None               # run-result.json status (complete, failed, stopped, ...)
     result_message: str | None = None
+    result_error: str | None = None         # run-result.json error_type (non_finite, oom, checkpoint, ...)
     latest: int | None = None               # step of the newest verified checkpoint
     final: str | None = None                # the expected final checkpoint: verified|missing|incomplete|unverifiable
     final_problems: tuple[str, ...] = ()
@@ -55,10 +56,10 @@ def observe_stage(stage_dir: str | Path, *, final_step: int | None, validation_s
     root = Path(stage_dir)
     if not root.is_dir():
         return StageFiles(exists=False)
-    result = message = None
+    result = message = error = None
     try:
         doc = json.loads((root / "run-result.json").read_text())
-        result, message = doc.get("status"), doc.get("message")
+        result, message, error = doc.get("status"), doc.get("message"), doc.get("error_type")
     except (OSError, ValueError):
         pass
     latest = ckpt.latest_valid(root)
@@ -77,7 +78,7 @@ def observe_stage(stage_dir: str | Path, *, final_step: int | None, validation_s
             pass
     activity = _mtime(list((root / "heartbeat").glob("*.json")) + list((root / "events").glob("*.jsonl"))
                       + list((root / "checkpoints").glob("step_*")) + [root / "run-result.json"])
-    return StageFiles(True, (root / "launch-manifest.json").is_file(), result, message,
+    return StageFiles(True, (root / "launch-manifest.json").is_file(), result, message, error,
                       latest["step"] if latest else None, final, problems, marker, marker_status, activity)
 
 

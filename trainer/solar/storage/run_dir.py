@@ -36,7 +36,7 @@ def code_revision(repo: Path | None = None) -> dict:
                                     capture_output=True, text=True, timeout=10).stdout.strip()) if rev else None
     except (OSError, subprocess.SubprocessError):
         rev, dirty = None, None
-    return {"revision": rev or os.environ.get("SOLAR_CODE_REVISION"), "dirty": dirty}
+    return {"revision": rev or os.environ.get("SOLAR_CODE_REVISION") or None, "dirty": dirty}
 
 
 def identity(config: dict) -> dict:

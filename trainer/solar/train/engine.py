@@ -9,6 +9,7 @@ gradient sync) so every rank ends with the same ordered message instead of hangi
 
 from __future__ import annotations
 
+import functools
 import math
 import signal
 import sys
@@ -150,10 +151,27 @@ class Loop:
             m.step_seconds.observe(seconds)
             m.samples.inc(len(records) * d.dp_world)
             m.tokens.inc(self.tokens_per_sample * len(records) * d.dp_world)
+            if self.peak_flops:  # model FLOPs of every clip of the step, shared by all GPUs
+                m.mfu.set(self.flops_per_clip * len(records) * d.dp_world / d.world / seconds / self.peak_flops)
             if torch.cuda.is_available():
                 m.gpu_memory.labels(kind="allocated").set(torch.cuda.memory_allocated())
                 m.gpu_memory.labels(kind="peak").set(torch.cuda.max_memory_allocated())
         return event
+
+    @functools.cached_property
+    def flops_per_clip(self) -> float:
+        from solar.config.contracts import effective_dims
+        from solar.train.flops import train_flops_per_clip
+
+        dims = effective_dims(self.resolved.config)
+        return train_flops_per_clip(layers=dims.num_layers, hidden=dims.hidden_size, ffn=dims.ffn_dim,
+                                    tokens=self.tokens_per_sample)
+
+    @functools.cached_property
+    def peak_flops(self) -> float | None:
+        from solar.train.flops import peak_flops
+
+        return peak_flops(torch.cuda.get_device_name() if self.dist.backend == "nccl" else None)
 
     @property
     def tokens_per_sample(self) -> int:
