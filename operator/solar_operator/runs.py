@@ -21,6 +21,7 @@ from pathlib import Path
 
 from pydantic import ValidationError
 
+from solar.diagnose import failure_summary
 from solar.run import conditions as C
 from solar.run import machine
 from solar.run.observe import LazyStageFiles, observe_stage
@@ -91,7 +92,7 @@ class Reconciler:
             return None
         generation = int(meta.get("generation") or 1)
         spec, plan, invalid = _parse(run, self._plan, meta.get("uid", ""), generation)
-        jobs, files = {}, {}
+        jobs, files, root = {}, {}, None
         if plan is not None:
             jobs = self.backend.observe(run)
             root = self.storage_root / spec.storage.path
@@ -99,7 +100,9 @@ class Reconciler:
                 root / stage, final_step=plan.stage(stage).final_step,
                 validation_step=plan.stage(stage).validation_step, generation=plan.stage(stage).generation))
         now = self.clock()
-        obs = machine.Observation(name, generation, now, plan=plan, invalid=invalid, jobs=jobs, files=files)
+        obs = machine.Observation(name, generation, now, plan=plan, invalid=invalid, jobs=jobs, files=files,
+                                  diagnose=(lambda stage: failure_summary(root / stage)) if root else
+                                  (lambda stage: None))
         decision = machine.reconcile(spec, previous, obs)
         decision = self._act(run, spec, plan, decision, now, generation)
         new = decision.status.model_dump(mode="json", exclude_none=True)

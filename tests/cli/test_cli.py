@@ -123,6 +123,8 @@ def test_cli_verbs_and_flags_are_frozen_to_the_contract():
         "checkpoint list": set(),
         "model convert": {"--family", "--from", "--out"},
         "run": {"--workdir", "--nproc"},
+        "diagnose": {"--json"},
+        "report": {"--json", "--html"},
     }
 
 

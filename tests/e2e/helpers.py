@@ -19,9 +19,12 @@ TINY = {
 
 
 def env(extra: dict | None = None) -> dict:
-    out = {k: v for k, v in os.environ.items() if k not in ("SOLAR_INJECT_FAULT", "SOLAR_DEBUG", "RANK", "WORLD_SIZE")}
+    out = {k: v for k, v in os.environ.items()
+           if k not in ("SOLAR_INJECT_FAULT", "SOLAR_ALLOW_FAULTS", "SOLAR_DEBUG", "RANK", "WORLD_SIZE")}
     out.update(OMP_NUM_THREADS="1", PYTHONUNBUFFERED="1")
     out.update(extra or {})
+    if "SOLAR_INJECT_FAULT" in out:  # drills opt in explicitly
+        out.setdefault("SOLAR_ALLOW_FAULTS", "1")
     return out
 
 

@@ -105,17 +105,25 @@ def test_failed_jobs_retry_from_the_newest_checkpoint_then_the_run_fails(world):
     with world.operator():
         world.apply(_run("retry", backoffLimit=1))
         world.wait_job("retry-fm")
-        world.write_stage("retry", "fm", result="failed", checkpoint=False, steps=(2,), error_type="non_finite")
+        bad = {"event": "non_finite", "step": 3, "rank": 1, "loss": float("nan"), "sample_id": "clip-7",
+               "start_frame": 0, "timestep": 812.5}
+        world.write_stage("retry", "fm", result="failed", checkpoint=False, steps=(2,), error_type="non_finite",
+                          events={1: [bad, {"event": "error", "error_type": "non_finite", "message": "rank 1: nan"}]})
         world.set_job("retry-fm", "Failed", "pod retry-fm-master-0 exited with code 1")
         second = wait_for(lambda: (lambda j: j if j and j["metadata"]["labels"]["solarwm.io/attempt"] == "2" else None)(
             world.jobs().get("retry-fm")), message="attempt 2")
         assert _args(second)[-4:] == ["--set", "checkpoint.mode=full_resume", "--set",
                                       "checkpoint.path=/runs/team-a/retry/fm/checkpoints/step_00000002"]
         assert second["metadata"]["annotations"]["solarwm.io/resume-from"].endswith("step_00000002")
+        # the stage directory's evidence, diagnosed, goes into the retry's message and its event
+        diagnosed = ("diagnosis: non_finite: non-finite loss at step 3 on rank 1 (sample 'clip-7', start frame 0, "
+                     "timestep 812.5)")
+        assert any(diagnosed in e.get("message", "") for e in world.events() if e["reason"] == "JobFailed")
         world.set_job("retry-fm", "Failed", "OOMKilled")
         status = world.wait_phase("retry", "Failed")
         failed = next(c for c in status["conditions"] if c["type"] == "Failed")
         assert failed["reason"] == "BackoffLimitExceeded" and "OOMKilled" in failed["message"]
+        assert diagnosed in failed["message"] and diagnosed in _stage(status, "fm")["message"]
         assert "retry-fm" in world.jobs()  # the last failed job is kept for inspection
         assert "JobFailed" in world.event_reasons("retry") and "BackoffLimitExceeded" in world.event_reasons("retry")
     # both attempts counted by the trainer's error type (the second left the first attempt's run-result)

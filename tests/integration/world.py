@@ -105,7 +105,7 @@ class World:
 
     def write_stage(self, run: str, stage: str, *, result: str = "complete", checkpoint: bool = True,
                     validation: bool = True, steps: tuple[int, ...] | None = None,
-                    error_type: str | None = None) -> Path:
+                    error_type: str | None = None, events: dict[int, list[dict]] | None = None) -> Path:
         p = self.plan(run).stage(stage)
         root = self.stage_dir(run, stage)
         root.mkdir(parents=True, exist_ok=True)
@@ -122,6 +122,10 @@ class World:
         if validation and p.generation:
             (root / "generation").mkdir(exist_ok=True)
             (root / "generation" / "COMPLETE.json").write_text(json.dumps({"status": "complete"}))
+        for rank, records in (events or {}).items():  # what the trainer's ranks logged
+            (root / "events").mkdir(exist_ok=True)
+            with open(root / "events" / f"rank-{rank:05d}.jsonl", "a") as fh:
+                fh.writelines(json.dumps(r) + "\n" for r in records)
         if result:
             write_result(root, result, error_type=error_type)
         return root

@@ -150,6 +150,32 @@ def cmd_checkpoint_list(args: argparse.Namespace) -> int:
     return 0
 
 
+def cmd_diagnose(args: argparse.Namespace) -> int:
+    from solar.diagnose import diagnose_dir
+
+    found = diagnose_dir(args.run_dir)
+    if args.json:
+        _emit_json(found.as_dict())
+    else:
+        print(found.text())
+    return 0
+
+
+def cmd_report(args: argparse.Namespace) -> int:
+    from solar.report import build, render_html, render_text
+
+    report = build(args.run_dir)
+    if args.html:
+        render_html(report, args.html)
+    if args.json:
+        _emit_json(report)
+    else:
+        print(render_text(report))
+    if args.html:
+        print(f"solar: report written to {args.html}", file=sys.stderr)
+    return 0
+
+
 def cmd_model_info(args: argparse.Namespace) -> int:
     from solar.models.registry import info
 
@@ -250,6 +276,17 @@ def build_parser() -> argparse.ArgumentParser:
     list_p = ck_verbs.add_parser("list", help="every checkpoint of a run (partials as incomplete)")
     list_p.add_argument("run_dir", metavar="RUN_DIR")
     list_p.set_defaults(func=cmd_checkpoint_list)
+
+    diagnose_p = verbs.add_parser("diagnose", help="what went wrong in a run, from the evidence it left")
+    diagnose_p.add_argument("run_dir", metavar="RUN_DIR", help="a run's runtime.output_dir")
+    diagnose_p.add_argument("--json", action="store_true", help="solar.diagnosis.v1 JSON instead of text")
+    diagnose_p.set_defaults(func=cmd_diagnose)
+
+    report_p = verbs.add_parser("report", help="the completion report of a run (text, JSON, HTML)")
+    report_p.add_argument("run_dir", metavar="RUN_DIR", help="a run's runtime.output_dir")
+    report_p.add_argument("--json", action="store_true", help="solar.report.v1 JSON instead of text")
+    report_p.add_argument("--html", metavar="PATH", help="also write a self-contained HTML page (create-only)")
+    report_p.set_defaults(func=cmd_report)
 
     model = verbs.add_parser("model", help="model dimensions and weight conversion")
     model_verbs = model.add_subparsers(dest="model_verb", metavar="ACTION", parser_class=_Parser)

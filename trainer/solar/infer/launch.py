@@ -49,10 +49,17 @@ def infer(config: str, sets: Sequence[str]) -> int:
         d.close()
         raise SolarError(verdict)
     error, summary = None, None
+    rank_log = events = heartbeat = None
     try:
         if d.rank == 0:
             run_dir.write_launch(out, resolved, init_record(cfg))
+            run_dir.write_environment(out)
         d.barrier("launch-written")
+        rank_log = run_dir.RankLog(out, d.rank)
+        events, heartbeat = run_dir.EventLog(out, d.rank), run_dir.Heartbeat(out, d.rank)
+        d.on_collective = heartbeat.collective
+        events.write("start", rank=d.rank, world=d.world, pid=os.getpid(), route=resolved.route.key)
+        heartbeat.update(phase="generation")
         torch.manual_seed(0)
         model = model_from_config(cfg, device="cpu")
         if cfg.model.pretrained_path and cfg.model.training_mode == "lora":
@@ -82,6 +89,24 @@ def infer(config: str, sets: Sequence[str]) -> int:
         if os.environ.get("SOLAR_DEBUG") == "1":
             traceback.print_exc()
     finally:
+        if error is not None:
+            message = str(error) if isinstance(error, SolarError) else f"{type(error).__name__}: {error}"
+            from solar.train.launch import _error_type
+
+            if rank_log is not None:
+                rank_log.exception(error)
+            if events is not None:
+                events.write("error", durable=True, error_type=_error_type(error), message=message,
+                             ranks=getattr(error, "ranks", None) or [], phase=heartbeat.state["phase"])
+            if heartbeat is not None:
+                heartbeat.update(failed_in=heartbeat.state["phase"], phase="failed")
+        elif heartbeat is not None:
+            heartbeat.update(phase="complete")
+            events.write("complete", durable=True)
+        if events is not None:
+            events.close()
+        if rank_log is not None:
+            rank_log.close()
         if d.rank == 0 and (out / "launch-manifest.json").exists():
             if error is None:
                 run_dir.write_result(out, "complete", validations=[summary])

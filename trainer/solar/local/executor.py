@@ -21,6 +21,7 @@ import time
 from pathlib import Path
 
 from solar.config.canonical import pretty_bytes
+from solar.diagnose import failure_summary
 from solar.errors import SolarError
 from solar.run.machine import JobState, Observation, reconcile
 from solar.run.observe import LazyStageFiles, observe_stage
@@ -139,7 +140,8 @@ def _loop(spec, name: str, plan: RunPlan, status, jobs, status_path: Path, root:
             plan.stage(stage).stage_dir, final_step=plan.stage(stage).final_step,
             validation_step=plan.stage(stage).validation_step, generation=plan.stage(stage).generation))
         obs = Observation(name, generation, time.time(), plan=plan,
-                          jobs={s: j.state() for s, j in jobs.items()}, files=files)
+                          jobs={s: j.state() for s, j in jobs.items()}, files=files,
+                          diagnose=lambda stage: failure_summary(plan.stage(stage).stage_dir))
         decision = reconcile(spec, status, obs)
         for action in decision.actions:
             if action.kind == "delete_job":

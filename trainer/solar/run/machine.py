@@ -26,8 +26,9 @@ Every stage transition produces an event.
 
 from __future__ import annotations
 
+import dataclasses
 import datetime as dt
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 
 from solar.run import conditions as C
@@ -58,6 +59,8 @@ class Observation:
     invalid: RunInvalid | None = None
     jobs: Mapping[str, JobState] = field(default_factory=dict)     # stage -> its job, when it exists
     files: Mapping[str, StageFiles] = field(default_factory=dict)  # stage -> its directory
+    # stage -> one line of `solar diagnose` on its directory, asked only when a stage fails
+    diagnose: Callable[[str], str | None] = lambda stage: None
 
 
 @dataclass(frozen=True)
@@ -101,6 +104,12 @@ class _Run:
         status.observedGeneration = generation
         self.status = status
         self.decision = Decision(status)
+        self.diagnose: Callable[[str], str | None] = lambda stage: None
+
+    def explained(self, stage: str, message: str) -> str:
+        """A failure message with the stage directory's diagnosis appended, when it has one."""
+        found = self.diagnose(stage)
+        return f"{message}; diagnosis: {found}" if found else message
 
     def condition(self, type_: str, value: str, reason: C.Reason | str, message: str = "") -> None:
         C.set_condition(self.status.conditions, type_, value, reason, message, now=iso(self.now),
@@ -133,6 +142,7 @@ def reconcile(spec: SolarRunSpec | None, previous: SolarRunStatus | None, obs: O
     if spec is None and obs.invalid is None:
         raise ValueError("reconcile without a spec needs obs.invalid")
     r = _Run(spec, previous, obs.now, obs.generation, obs.run)
+    r.diagnose = obs.diagnose
     status = r.status
     if previous is not None and previous.phase in TERMINAL:
         return r.decision
@@ -198,8 +208,8 @@ def _advance(r: _Run, spec: SolarRunSpec, st: StageStatus, p: StagePlan, obs: Ob
     idle = progress_deadline.exceeded(obs.now, last_activity=files.last_activity, attempt_started=started, limit=limit)
     if idle is not None:
         r.decision.actions.append(Action("delete_job", st.name, job.name))
-        r.fail(st, C.PROGRESS_DEADLINE_EXCEEDED,
-               C.PROGRESS_DEADLINE_EXCEEDED.message(stage=st.name, idle=f"{idle:.0f}", limit=limit))
+        r.fail(st, C.PROGRESS_DEADLINE_EXCEEDED, r.explained(
+            st.name, C.PROGRESS_DEADLINE_EXCEEDED.message(stage=st.name, idle=f"{idle:.0f}", limit=limit)))
         return False
     if phase == "Running":  # while its pods are pending, Progressing keeps saying how the attempt started
         r.condition(C.PROGRESSING, "True", C.STAGE_RUNNING, C.STAGE_RUNNING.message(stage=st.name, attempt=st.attempt))
@@ -244,6 +254,7 @@ def _job_failed(r: _Run, spec: SolarRunSpec, st: StageStatus, job: JobState, fil
     limit = spec.runPolicy.backoffLimit
     verdict = failure.on_job_failed(failures=st.failures, backoff_limit=limit, job_message=job.message,
                                     result_message=files.result_message)
+    verdict = dataclasses.replace(verdict, detail=r.explained(st.name, verdict.detail))
     st.failures = verdict.failures
     r.decision.job_failures.append((st.name, files.result_error or "unknown"))
     if not verdict.retry:

@@ -3,17 +3,22 @@ and the per-rank event logs and heartbeats.
 
     resolved-config.json        canonical JSON of the resolved config (first launch)
     launch-manifest.json        solar.launch.v1 (first launch); later launches: launches/NNNN.json
+    environment.json            the latest launch's `solar environment probe` (for `solar report`)
     run-result.json             solar.run-result.v1, replaced at the end of every launch
     events/rank-NNNNN.jsonl     one JSON object per line (steps, checkpoints, validations, errors)
-    heartbeat/rank-NNNNN.json   last phase, last collective entered, step, wall time, pid
+    heartbeat/rank-NNNNN.json   last phase, last collective entered, step, wall time, pid, host
+    logs/rank-NNNNN.log         the rank's stdout/stderr and failure tracebacks, across launches
 """
 
 from __future__ import annotations
 
 import json
 import os
+import socket
 import subprocess
+import sys
 import time
+import traceback
 from pathlib import Path
 
 from solar.config.canonical import canonical_bytes, digest, pretty_bytes
@@ -96,6 +101,13 @@ def write_launch(output_dir: Path, resolved, init: dict) -> None:
     write_create_only(launches / f"{index:04d}-resolved-config.json", config, what="launch record")
 
 
+def write_environment(output_dir: Path) -> None:
+    """``environment.json``: what this launch ran on (``solar environment probe``), for the report."""
+    from solar.environment import probe
+
+    write_replace(output_dir / "environment.json", pretty_bytes(probe()))
+
+
 def write_result(output_dir: Path, status: str, *, error_type: str | None = None, message: str | None = None,
                  final: dict | None = None, checkpoints: list | None = None, validations: list | None = None) -> None:
     doc = {"schema": RESULT_SCHEMA, "status": status, "checkpoints": checkpoints or [],
@@ -134,7 +146,7 @@ class Heartbeat:
         folder = output_dir / "heartbeat"
         folder.mkdir(parents=True, exist_ok=True)
         self.path = folder / f"rank-{rank:05d}.json"
-        self.state = {"rank": rank, "pid": os.getpid(), "phase": "start", "step": 0,
+        self.state = {"rank": rank, "pid": os.getpid(), "host": socket.gethostname(), "phase": "start", "step": 0,
                       "collective": None, "time": time.time()}
 
     def update(self, **changes) -> None:
@@ -143,3 +155,47 @@ class Heartbeat:
 
     def collective(self, name: str, seq: int) -> None:
         self.update(collective={"name": name, "seq": seq})
+
+
+class _Tee:
+    """A text stream that also writes to the rank's log file."""
+
+    def __init__(self, stream, log) -> None:
+        self._stream, self._log = stream, log
+
+    def write(self, text: str) -> int:
+        try:
+            self._log.write(text)
+        except ValueError:  # the log was closed (late output at interpreter exit)
+            pass
+        return self._stream.write(text)
+
+    def flush(self) -> None:
+        self._stream.flush()
+        if not self._log.closed:
+            self._log.flush()
+
+    def __getattr__(self, name):  # fileno, isatty, encoding ... of the real stream
+        return getattr(self._stream, name)
+
+
+class RankLog:
+    """``logs/rank-NNNNN.log``: this rank's Python-level stdout and stderr (and, on failure, the full
+    traceback the console shows only with ``SOLAR_DEBUG=1``), appended across launches."""
+
+    def __init__(self, output_dir: Path, rank: int) -> None:
+        folder = output_dir / "logs"
+        folder.mkdir(parents=True, exist_ok=True)
+        self.path = folder / f"rank-{rank:05d}.log"
+        self._handle = open(self.path, "a", encoding="utf-8", buffering=1)  # noqa: SIM115 (closed in close())
+        self._saved = sys.stdout, sys.stderr
+        sys.stdout, sys.stderr = _Tee(sys.stdout, self._handle), _Tee(sys.stderr, self._handle)
+        stamp = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())
+        self._handle.write(f"--- launch {stamp} rank {rank} pid {os.getpid()} host {socket.gethostname()}\n")
+
+    def exception(self, exc: BaseException) -> None:
+        self._handle.write("".join(traceback.format_exception(exc)))
+
+    def close(self) -> None:
+        sys.stdout, sys.stderr = self._saved
+        self._handle.close()

@@ -27,9 +27,10 @@ from solar.errors import SolarError
 class CollectiveFailure(SolarError):
     """A failure on one or more ranks, known identically on every rank."""
 
-    def __init__(self, message: str, error_type: str = "error") -> None:
+    def __init__(self, message: str, error_type: str = "error", ranks: list[int] | None = None) -> None:
         super().__init__(message)
         self.error_type = error_type
+        self.ranks = ranks or []  # the failing ranks, in rank order
 
 
 @dataclass
@@ -92,7 +93,7 @@ class Dist:
         failed = [(r, m, t) for r, (m, t) in enumerate(entries) if m is not None]
         if failed:
             kind = failed[0][2]
-            raise CollectiveFailure("; ".join(f"rank {r}: {m}" for r, m, _ in failed), kind)
+            raise CollectiveFailure("; ".join(f"rank {r}: {m}" for r, m, _ in failed), kind, [r for r, _, _ in failed])
 
     def any_flag(self, flag: bool, name: str) -> bool:
         if not self.initialized:

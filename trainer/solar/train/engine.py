@@ -10,10 +10,13 @@ gradient sync) so every rank ends with the same ordered message instead of hangi
 from __future__ import annotations
 
 import functools
+import json
 import math
+import re
 import signal
 import sys
 import time
+import traceback
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -31,21 +34,62 @@ from solar.train.schedule import lr_at
 from solar.train.setup import Parts, contract_of
 
 
+def memory_reading() -> dict:
+    """This process's memory for the step event: peak RSS, and CUDA allocated/peak/reserved bytes."""
+    import resource
+
+    out = {"host_peak_rss_bytes": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024}
+    if torch.cuda.is_available() and torch.cuda.is_initialized():
+        out.update(cuda_allocated_bytes=torch.cuda.memory_allocated(), cuda_peak_bytes=torch.cuda.max_memory_allocated(),
+                   cuda_reserved_bytes=torch.cuda.memory_reserved())
+    return out
+
+
+def _describe(exc: BaseException) -> str:
+    name = type(exc).__name__
+    return str(exc) if str(exc).startswith(name) else f"{name}: {exc}"
+
+
+def error_type_of(exc: BaseException) -> str:
+    """The class a failure in the forward or backward belongs to (run-result error_type)."""
+    if "OutOfMemory" in type(exc).__name__:
+        return "oom"
+    text = str(exc)
+    if isinstance(exc, (RuntimeError, ValueError, IndexError)) and (any(k in text for k in (
+            "shape", "size of tensor", "sizes of tensors", "mat1 and mat2", "dimension", "Expected size"))
+            or re.search(r"\[\d+(, \d+)+\].*\bgot \[\d+(, \d+)+\]", text)):
+        return "shape"
+    return "error"
+
+
 @dataclass
 class Stop:
     requested: bool = False
     signals: int = 0
 
-    def install(self) -> None:
+    def install(self, grace_seconds: float = 120.0) -> None:
+        """The first SIGTERM/SIGINT asks the loop to stop after the step (and save); a second one, or
+        ``grace_seconds`` without the loop having ended (a rank stuck in a collective), exits at once.
+        Committed checkpoints are durable either way."""
+        import os
+        import threading
+
         def handler(signum, frame):
             self.signals += 1
             if self.signals > 1:  # a second signal: leave now; committed state is already durable
                 sys.stderr.write("solar: second signal, exiting immediately\n")
-                import os
-
                 os._exit(128 + signum)
             self.requested = True
             sys.stderr.write(f"solar: {signal.Signals(signum).name} received; finishing the step\n")
+
+            def overdue():
+                sys.stderr.write(f"solar: still running {grace_seconds:g}s after {signal.Signals(signum).name} "
+                                 "(runtime.stop_grace_seconds); exiting now\n")
+                sys.stderr.flush()
+                os._exit(128 + signum)
+            timer = threading.Timer(grace_seconds, overdue)
+            timer.daemon = True
+            timer.start()
         for sig in (signal.SIGTERM, signal.SIGINT):
             signal.signal(sig, handler)
 
@@ -71,41 +115,87 @@ class Loop:
     term: str = "fm"
 
     # --- one step ---------------------------------------------------------------------------
-    def micro_batches(self, step: int) -> tuple[torch.Tensor, list[dict]]:
+    def micro_batches(self, step: int) -> tuple[torch.Tensor, list[dict], tuple[str, str] | None]:
+        """Forward and backward over the step's micro-batches: (loss, sample records, failure).
+
+        A failure in reading data is exchanged before the forward when the forward itself has
+        collectives (SP all-to-all, FSDP2 all-gathers), so no rank enters one alone; a failure in
+        the forward or backward (an OOM, a shape error) stops this rank's micro-batches and is
+        returned for the step's single error exchange (``step``), so peers never wait for it."""
         cfg, d, p = self.resolved.config, self.dist, self.parts
         total, records = torch.zeros((), device=d.device), []
         accum = cfg.train.gradient_accumulation
+        lockstep = d.sp > 1 or p.sharded
+        failure = None
         for micro in range(accum):
             error, batch = None, None
             try:
                 self.heartbeat.update(phase="data", step=step)
                 batch = collate([p.stream.next_clip() for _ in range(cfg.train.micro_batch_size)]).to(d.device)
-                if self.fault and self.fault.fires("nan_batch", step, d.rank):
-                    batch.latents.fill_(float("nan"))
-                if self.fault and self.fault.fires("raise", step, d.rank):
-                    raise RuntimeError(f"injected fault (SOLAR_INJECT_FAULT) at step {step}")
-                if self.fault and self.fault.fires("exit", step, d.rank):
-                    import os
-
-                    os._exit(17)
-                if self.fault and self.fault.fires("hang", step, d.rank):
-                    time.sleep(10**6)
-            except Exception as exc:  # noqa: BLE001 - reported to every rank below
-                error = f"{type(exc).__name__}: {exc}" if not str(exc).startswith(type(exc).__name__) else str(exc)
-            d.exchange_error(error, "data" if error and "DataError" in error else "error")
+                self._inject_data_faults(batch, step)
+            except Exception as exc:  # noqa: BLE001 - reported to every rank
+                error = _describe(exc)
+            if lockstep:
+                d.exchange_error(error, "data" if error and "DataError" in error else "error")
+            elif error is not None:
+                failure = (error, "data" if "DataError" in error else "error")
+                break
             if d.sp > 1:
-                digests = d.all_gather_object(batch.digest(), "sp-identity", group=d.sp_group)
-                if len(set(digests)) != 1:
-                    raise CollectiveFailure(f"SP peers of dp rank {d.dp_rank} read different micro-batches at step "
-                                            f"{step} (samples {[r['sample_id'] for r in batch.identities]})",
-                                            "sp_mismatch")
-            self.heartbeat.update(phase="forward", step=step)
-            loss, recs = self.objective(p.model, batch, step, micro)
-            self.heartbeat.update(phase="backward", step=step)
-            (loss / accum).backward()
+                self._check_sp_identity(batch, step)
+            try:
+                self.heartbeat.update(phase="forward", step=step)
+                if self.fault and self.fault.fires("oom", step, d.rank):
+                    raise torch.OutOfMemoryError(f"injected fault (SOLAR_INJECT_FAULT): CUDA out of memory. Tried "
+                                                 f"to allocate 20.00 GiB at step {step}")
+                loss, recs = self.objective(p.model, batch, step, micro)
+                self.heartbeat.update(phase="backward", step=step)
+                (loss / accum).backward()
+            except Exception as exc:  # noqa: BLE001 - reported to every rank at the step's exchange
+                self.events.write("exception", durable=True, step=step, rank=d.rank, error=_describe(exc),
+                                  error_type=error_type_of(exc), traceback=traceback.format_exc(limit=-6))
+                if lockstep:
+                    raise
+                failure = (_describe(exc), error_type_of(exc))
+                break
             total = total + loss.detach() / accum
             records += recs
-        return total, records
+        return total, records, failure
+
+    def _inject_data_faults(self, batch, step: int) -> None:
+        f, rank = self.fault, self.dist.rank
+        if f is None:
+            return
+        if f.fires("nan_batch", step, rank):
+            batch.latents.fill_(float("nan"))
+        if f.fires("shape", step, rank):  # one latent frame fewer than the plan: the model's own shape error
+            batch.latents = batch.latents[:, :, :-1]
+        if f.fires("sp_mismatch", step, rank):
+            batch.latents.add_(1.0)
+        if f.fires("raise", step, rank):
+            raise RuntimeError(f"injected fault (SOLAR_INJECT_FAULT) at step {step}")
+        if f.fires("exit", step, rank):
+            import os
+
+            os._exit(17)
+        if f.fires("hang", step, rank):
+            self.heartbeat.update(phase="hang (injected)", step=step)
+            time.sleep(10**6)
+
+    def _check_sp_identity(self, batch, step: int) -> None:
+        d = self.dist
+        seen = d.all_gather_object((batch.digest(), batch.identities), "sp-identity", group=d.sp_group)
+        if len({digest for digest, _ in seen}) == 1:
+            return
+        reference = seen[0][0]
+        odd = [i for i, (digest, _) in enumerate(seen) if digest != reference]
+        ranks = [d.rank - d.sp_rank + i for i in odd]
+        detail = "; ".join(f"sp rank {i} (rank {d.rank - d.sp_rank + i}): "
+                           f"{[(r['sample_id'], r['start_frame']) for r in ids]}" for i, (_, ids) in enumerate(seen))
+        same = len({json.dumps(ids, sort_keys=True) for _, ids in seen}) == 1
+        what = "the same samples and start frames but different input bytes (latents, prompt or cameras)" if same \
+            else "different samples or start frames"
+        raise CollectiveFailure(f"SP peers of dp rank {d.dp_rank} read different micro-batches at step {step}: "
+                                f"rank {ranks[0]} differs from sp rank 0, {what} ({detail})", "sp_mismatch", ranks)
 
     def sync_and_clip(self, step: int) -> float:
         p = self.parts
@@ -120,14 +210,16 @@ class Loop:
         for group in p.optimizer.param_groups:
             group["lr"] = lr
         p.optimizer.zero_grad(set_to_none=True)
-        loss, records = self.micro_batches(step)
+        loss, records, failure = self.micro_batches(step)
         local = float(loss)
-        bad = None
-        if not math.isfinite(local):
+        if failure is None and not math.isfinite(local):
             worst = next((r for r in records if not math.isfinite(r["loss"])), records[0])
-            bad = (f"non-finite loss {local} at step {step} (sample {worst['sample_id']!r}, start frame "
-                   f"{worst['start_frame']}, timestep {worst['timestep']:.4g})")
-        d.exchange_error(bad, "non_finite")
+            self.events.write("non_finite", durable=True, step=step, rank=d.rank, loss=local,
+                              sample_id=worst["sample_id"], start_frame=worst["start_frame"],
+                              timestep=worst["timestep"], samples=records)
+            failure = (f"non-finite loss {local} at step {step} (sample {worst['sample_id']!r}, start frame "
+                       f"{worst['start_frame']}, timestep {worst['timestep']:.4g})", "non_finite")
+        d.exchange_error(*(failure or (None, "error")))
         self.heartbeat.update(phase="grad-sync", step=step)
         norm = self.sync_and_clip(step)
         if not math.isfinite(norm):
@@ -140,7 +232,8 @@ class Loop:
         d.all_reduce(total, "loss-mean")
         mean = float(total) / d.world
         event = {"step": step, "loss": local, "loss_mean": mean, "losses": {self.term: local}, "grad_norm": norm,
-                 "lr": lr, "step_seconds": seconds, "samples": records, "ema": p.ema.exists}
+                 "lr": lr, "step_seconds": seconds, "samples": records, "ema": p.ema.exists,
+                 "memory": memory_reading()}
         self.events.write("step", **event)
         self.last = {"step": step, "loss": mean, "grad_norm": norm, "step_seconds": seconds}
         if self.metrics is not None:
@@ -303,7 +396,7 @@ class Loop:
     def run(self) -> str:
         cfg, d = self.resolved.config, self.dist
         max_steps, exit_after = cfg.train.max_steps, cfg.runtime.exit_after_step
-        self.stop.install()
+        self.stop.install(self.resolved.config.runtime.stop_grace_seconds)
         progress = Progress(d.rank == 0, max_steps, self.parts.start_step, cfg.runtime.log_every)
         start = self.parts.start_step
         if self.validation_scheduled():

@@ -1,15 +1,24 @@
-"""Opt-in fault injection for drills and tests. Honoured only when ``SOLAR_INJECT_FAULT`` is set,
-e.g. ``SOLAR_INJECT_FAULT=nan_batch:step=3:rank=1`` or ``raise:step=2:rank=0``. Never on by default.
+"""Opt-in fault injection for drills and tests: ``SOLAR_INJECT_FAULT=KIND:step=N[:rank=R]``, honoured
+only when ``SOLAR_ALLOW_FAULTS=1`` is set as well (a stray variable in a production environment is
+reported and ignored). Never on by default. Each kind produces the real failure ``solar diagnose``
+classifies:
 
-``kill_validation:step=N`` SIGKILLs the process right after it writes its first validation slot of
-step N (a crash in the middle of validation)."""
+- ``nan_batch``   the rank's micro-batch latents become NaN -> the non-finite guard
+- ``oom``         the rank's forward raises ``torch.OutOfMemoryError`` (what an allocator failure raises)
+- ``shape``       the rank's micro-batch loses a latent frame -> the model's own shape error
+- ``sp_mismatch`` the rank's micro-batch differs from its SP peers' -> the SP identity check
+- ``hang``        the rank stops entering collectives (sleeps) -> peers time out in a collective
+- ``raise``, ``exit``  an exception / ``os._exit(17)`` on that rank
+- ``kill_validation``  SIGKILL right after the first validation slot of step N is written
+"""
 
 from __future__ import annotations
 
 import os
+import sys
 from dataclasses import dataclass
 
-KINDS = ("nan_batch", "raise", "hang", "exit", "kill_validation")
+KINDS = ("nan_batch", "oom", "shape", "sp_mismatch", "hang", "raise", "exit", "kill_validation")
 
 
 @dataclass(frozen=True)
@@ -22,9 +31,13 @@ class Fault:
         return self.kind == kind and self.step == step and (self.rank is None or self.rank == rank)
 
 
-def from_environment() -> Fault | None:
-    text = os.environ.get("SOLAR_INJECT_FAULT")
+def from_environment(environ=os.environ) -> Fault | None:
+    text = environ.get("SOLAR_INJECT_FAULT")
     if not text:
+        return None
+    if environ.get("SOLAR_ALLOW_FAULTS") != "1":
+        print(f"solar: warning: ignoring SOLAR_INJECT_FAULT={text!r} (fault injection needs SOLAR_ALLOW_FAULTS=1)",
+              file=sys.stderr)
         return None
     kind, *parts = text.split(":")
     fields = dict(p.split("=", 1) for p in parts if "=" in p)

@@ -26,12 +26,15 @@ def _error_type(exc: BaseException) -> str:
         return exc.error_type
     if isinstance(exc, CheckpointError):
         return "checkpoint"
-    name = type(exc).__name__
-    if "OutOfMemory" in name:
-        return "oom"
+    name, text = type(exc).__name__, str(exc)
     if name == "DataError":
         return "data"
-    return "error"
+    if ("DistBackendError" in name or "timed out" in text.lower() or "timeout" in text.lower()) and (
+            "gloo" in text.lower() or "nccl" in text.lower() or "collective" in text.lower() or "DistBackend" in name):
+        return "collective_timeout"
+    from solar.train.engine import error_type_of
+
+    return error_type_of(exc)
 
 
 def train(config: str, sets: Sequence[str]) -> int:
@@ -73,13 +76,15 @@ def train(config: str, sets: Sequence[str]) -> int:
     if verdict:
         d.close()
         raise SolarError(verdict)
-    events = heartbeat = None
+    events = heartbeat = rank_log = None
     status, error = "failed", None
     loop = None
     try:
         if d.rank == 0:
             run_dir.write_launch(out, resolved, init_record(cfg))
+            run_dir.write_environment(out)
         d.barrier("launch-written")
+        rank_log = run_dir.RankLog(out, d.rank)
         events, heartbeat = run_dir.EventLog(out, d.rank), run_dir.Heartbeat(out, d.rank)
         d.on_collective = heartbeat.collective
         events.write("start", rank=d.rank, world=d.world, pid=os.getpid(), route=resolved.route.key)
@@ -113,10 +118,14 @@ def train(config: str, sets: Sequence[str]) -> int:
         validations = loop.validations if loop else []
         if error is not None:
             message = str(error) if isinstance(error, SolarError) else f"{type(error).__name__}: {error}"
+            if rank_log is not None:
+                rank_log.exception(error)
             if events is not None:
-                events.write("error", durable=True, error_type=_error_type(error), message=message)
-            if heartbeat is not None:
-                heartbeat.update(phase="failed")
+                events.write("error", durable=True, error_type=_error_type(error), message=message,
+                             ranks=getattr(error, "ranks", None) or [], phase=heartbeat.state["phase"] if heartbeat
+                             else None)
+            if heartbeat is not None:  # keep the phase it failed in: evidence for `solar diagnose`
+                heartbeat.update(failed_in=heartbeat.state["phase"], phase="failed")
             if d.rank == 0 and (out / "launch-manifest.json").exists():
                 run_dir.write_result(out, "failed", error_type=_error_type(error), message=message, final=final,
                                      checkpoints=checkpoints, validations=validations)
@@ -131,6 +140,8 @@ def train(config: str, sets: Sequence[str]) -> int:
             loop.metrics.close()
         if events is not None:
             events.close()
+        if rank_log is not None:
+            rank_log.close()
         d.close()
     if error is not None:
         if isinstance(error, SolarError):
