@@ -25,7 +25,7 @@ GRID_H, GRID_W = 22, 40            # 704x1280 through the 16x VAE and 2x2 patche
 TEXT = 512
 
 
-def ours(tokens: int, kernel: str, cameras: bool) -> dict:
+def ours(tokens: int, kernel: str, cameras: bool, compiled: bool = False) -> dict:
     n = GRID_H * GRID_W
     frames = tokens // n
     block = Block(DIMS, 1e-6).cuda().to(torch.bfloat16)
@@ -41,8 +41,10 @@ def ours(tokens: int, kernel: str, cameras: bool) -> dict:
     ctx = torch.randn(1, TEXT, D, device="cuda", dtype=torch.bfloat16)
     grad = torch.randn(1, tokens, D, device="cuda", dtype=torch.bfloat16)
 
+    fn = torch.compile(block) if compiled else block
+
     def run():
-        block(x, ctx, step).backward(grad)
+        fn(x, ctx, step).backward(grad)
     torch.cuda.reset_peak_memory_stats()
     t = timed(run)
     return {**t, "peak_gib": peak_memory()}
@@ -80,7 +82,8 @@ def main() -> None:
                          ("diffusers_per_token", lambda: peer(tokens, True)),
                          ("ours_flash", lambda: ours(tokens, "flash", False)),
                          ("ours_cudnn", lambda: ours(tokens, "cudnn", False)),
-                         ("ours_cudnn_prope", lambda: ours(tokens, "cudnn", True))):
+                         ("ours_cudnn_prope", lambda: ours(tokens, "cudnn", True)),
+                         ("ours_cudnn_compiled", lambda: ours(tokens, "cudnn", False, compiled=True))):
             try:
                 r = fn()
             except Exception as exc:  # noqa: BLE001 - one failed variant must not hide the others
@@ -92,7 +95,7 @@ def main() -> None:
             rows[name] = r
             emit({"bench": "block_fwd_bwd", "tokens": tokens, "variant": name, "flops": flops, **r})
         if "diffusers_per_video" in rows:
-            for name in ("ours_flash", "ours_cudnn", "ours_cudnn_prope"):
+            for name in ("ours_flash", "ours_cudnn", "ours_cudnn_prope", "ours_cudnn_compiled"):
                 if name in rows:
                     emit({"bench": "block_ratio", "tokens": tokens, "variant": name,
                           "speedup_vs_diffusers_per_video": rows["diffusers_per_video"]["median_s"] / rows[name]["median_s"],

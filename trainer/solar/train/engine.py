@@ -147,7 +147,8 @@ class Loop:
                 if self.fault and self.fault.fires("oom", step, d.rank):
                     raise torch.OutOfMemoryError(f"injected fault (SOLAR_INJECT_FAULT): CUDA out of memory. Tried "
                                                  f"to allocate 20.00 GiB at step {step}")
-                loss, recs = self.objective(p.model, batch, step, micro)
+                with self.compute_dtype():
+                    loss, recs = self.objective(p.model, batch, step, micro)
                 self.heartbeat.update(phase="backward", step=step)
                 (loss / accum).backward()
             except Exception as exc:  # noqa: BLE001 - reported to every rank at the step's exchange
@@ -160,6 +161,13 @@ class Loop:
             total = total + loss.detach() / accum
             records += recs
         return total, records, failure
+
+    def compute_dtype(self):
+        """bf16 autocast over fp32 master weights on CUDA (``model.dtype`` auto or bfloat16) when FSDP2's
+        mixed-precision policy does not already cast the parameters; a no-op on CPU."""
+        cfg, d = self.resolved.config, self.dist
+        wanted = d.device.type == "cuda" and cfg.model.dtype != "float32" and not self.parts.sharded
+        return torch.autocast("cuda", dtype=torch.bfloat16, enabled=wanted)
 
     def _inject_data_faults(self, batch, step: int) -> None:
         f, rank = self.fault, self.dist.rank
@@ -264,7 +272,7 @@ class Loop:
     def peak_flops(self) -> float | None:
         from solar.train.flops import peak_flops
 
-        return peak_flops(torch.cuda.get_device_name() if self.dist.backend == "nccl" else None)
+        return peak_flops(torch.cuda.get_device_name(self.dist.device) if self.dist.device.type == "cuda" else None)
 
     @property
     def tokens_per_sample(self) -> int:
