@@ -109,6 +109,8 @@ def build_parts(resolved: Resolved, rank: int, device: torch.device, *, world: i
 
     if cfg.distributed.activation_checkpointing:
         parallelize.apply_activation_checkpointing(model)
+    if cfg.runtime.compile and device.type == "cuda":  # on CPU the eager blocks are what the tests compare
+        parallelize.apply_compile(model)
     sharded = cfg.distributed.sharding != "none" and world > 1
     if sharded:
         bf16 = device.type == "cuda" and cfg.model.dtype != "float32"

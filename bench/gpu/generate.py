@@ -1,0 +1,65 @@
+"""(d) Causal few-step generation with the KV cache (Stage2's self-forcing path): 4 denoising steps per
+3-latent chunk, then one commit pass per chunk, chunk by chunk over 21 latent frames; latent
+frames per second of the DiT alone (no VAE decode), bf16, batch 1, for TI2V-5B at 720p
+(704x1280: 880 tokens per frame) and a Wan2.1-1.3B-shaped config (1536 wide, 30 layers, 12 heads,
+480x832: 1,560 tokens per frame with the 8x VAE).
+
+    PYTHONPATH=trainer:. python3 bench/gpu/generate.py
+"""
+
+from __future__ import annotations
+
+import dataclasses
+
+import torch
+
+from bench.gpu.common import emit, peak_memory, timed
+from solar.config import families
+from solar.models.wan.model import WanConfig, WanDiT
+
+STEPS, CHUNK, FRAMES = 4, 3, 21
+
+
+def rollout(model: WanDiT, channels: int, lat_h: int, lat_w: int, prompt: torch.Tensor) -> None:
+    cache = model.new_cache(prompt)
+    levels = torch.linspace(1000, 0, STEPS + 1, device="cuda")[:-1]
+    for _ in range(FRAMES // CHUNK):
+        x = torch.randn(1, channels, CHUNK, lat_h, lat_w, device="cuda", dtype=torch.bfloat16)
+        for i, t in enumerate(levels):
+            v = model.forward_chunk(x, t.expand(1), cache)
+            nxt = levels[i + 1] if i + 1 < STEPS else torch.zeros((), device="cuda")
+            x = x + (nxt - t) / 1000 * v
+        model.commit_chunk(x, cache)
+
+
+def run(name: str, dims, channels: int, lat_h: int, lat_w: int, compiled: bool) -> None:
+    with torch.device("cuda"):
+        model = WanDiT(WanConfig(dims, camera_transform=None, attention_backend="sdpa")).to(torch.bfloat16).eval()
+    if compiled:
+        for block in model.blocks:
+            block.compile()
+    prompt = torch.randn(1, 512, dims.text_dim, device="cuda", dtype=torch.bfloat16)
+    torch.cuda.reset_peak_memory_stats()
+    with torch.no_grad():
+        t = timed(lambda: rollout(model, channels, lat_h, lat_w, prompt), warmup=2, iters=5)
+    emit({"bench": "causal_generation", "model": name, "compiled": compiled, "latent_frames": FRAMES,
+          "steps_per_chunk": STEPS, "tokens_per_frame": (lat_h // 2) * (lat_w // 2), **t,
+          "latent_frames_per_s": FRAMES / t["median_s"], "peak_gib": peak_memory()})
+    del model
+    torch.cuda.empty_cache()
+
+
+def main() -> None:
+    five = families.spec("wan22_ti2v_5b").dims("released")
+    small = dataclasses.replace(five, num_layers=30, hidden_size=1536, num_heads=12, head_dim=128, ffn_dim=8960,
+                                in_channels=16, out_channels=16)
+    for compiled in (False, True):
+        try:
+            run("wan22_ti2v_5b_720p", five, 48, 44, 80, compiled)
+            run("wan_1.3b_shaped_480p", small, 16, 60, 104, compiled)
+        except Exception as exc:  # noqa: BLE001
+            emit({"bench": "causal_generation", "compiled": compiled, "error": repr(exc)[:400]})
+
+
+if __name__ == "__main__":
+    main()
