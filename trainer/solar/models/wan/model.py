@@ -114,6 +114,12 @@ class Attention(nn.Module):
     def heads_of(self, x: torch.Tensor) -> torch.Tensor:
         return x.unflatten(-1, (self.heads, self.head_dim))
 
+    @staticmethod
+    def rms(norm: nn.RMSNorm, x: torch.Tensor) -> torch.Tensor:
+        """RMSNorm with its weight in the activations' dtype: under bf16 autocast over fp32 master
+        weights this keeps the fused kernel (a mixed-dtype call falls back to the unfused one)."""
+        return F.rms_norm(x, norm.normalized_shape, norm.weight.to(x.dtype), norm.eps)
+
 
 class FeedForward(nn.Module):
     def __init__(self, dim: int, hidden: int) -> None:
@@ -191,8 +197,8 @@ class Block(nn.Module):
 
     def self_attention(self, h: torch.Tensor, step: _Step, layer: LayerCache | None) -> torch.Tensor:
         a, n = self.attn1, step.tokens_per_frame
-        q = apply_rope(a.heads_of(a.norm_q(a.to_q(h))), step.cos, step.sin)
-        k = apply_rope(a.heads_of(a.norm_k(a.to_k(h))), step.cos, step.sin)
+        q = apply_rope(a.heads_of(a.rms(a.norm_q, a.to_q(h))), step.cos, step.sin)
+        k = apply_rope(a.heads_of(a.rms(a.norm_k, a.to_k(h))), step.cos, step.sin)
         v = a.heads_of(a.to_v(h))
         if step.cams is not None:
             q = apply_blocks(q, step.cams.query, n, self.prope_start)
@@ -214,11 +220,11 @@ class Block(nn.Module):
 
     def cross_attention(self, h: torch.Tensor, context: torch.Tensor, layer: LayerCache | None) -> torch.Tensor:
         a = self.attn2
-        q = a.heads_of(a.norm_q(a.to_q(h))).transpose(1, 2)
+        q = a.heads_of(a.rms(a.norm_q, a.to_q(h))).transpose(1, 2)
         if layer is not None and layer.ctx_k is not None:
             k, v = layer.ctx_k, layer.ctx_v
         else:
-            k = a.heads_of(a.norm_k(a.to_k(context))).transpose(1, 2)
+            k = a.heads_of(a.rms(a.norm_k, a.to_k(context))).transpose(1, 2)
             v = a.heads_of(a.to_v(context)).transpose(1, 2)
             if layer is not None:
                 layer.ctx_k, layer.ctx_v = k, v
