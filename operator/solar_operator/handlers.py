@@ -45,6 +45,7 @@ def register(registry: kopf.OperatorRegistry, *, poll_seconds: float = 10.0) -> 
     @kopf.on.startup(id="solar-settings", registry=registry)
     def startup(settings: kopf.OperatorSettings, **_) -> None:
         configure(settings)
+        metrics.RUNS.clear()  # a restarted operator in the same process re-learns runs from its watch
 
     @kopf.on.create(GROUP, VERSION, PLURAL, id="run-created", registry=registry)
     def created(namespace: str, name: str, memo: kopf.Memo, **_) -> None:

@@ -50,6 +50,11 @@ class RunStates:
             else:
                 self._runs[(namespace, name)] = dict(status or {})
 
+    def clear(self) -> None:
+        """Forget every run (an operator starting: its watch lists the current runs again)."""
+        with self._lock:
+            self._runs.clear()
+
     def runs(self) -> list[tuple[str, str, dict]]:
         with self._lock:
             return [(ns, name, status) for (ns, name), status in self._runs.items()]

@@ -6,6 +6,7 @@ The test plays the Kubeflow training operator (it patches PyTorchJob conditions)
 
 from __future__ import annotations
 
+import re
 import shutil
 import time
 
@@ -93,7 +94,8 @@ def test_a_three_stage_run_advances_as_its_jobs_finish(world):
         assert (f'solar_run_phase{{namespace="{world.namespace}",phase="Succeeded",run="three-stage",'
                 f'stage="generate"}} 1.0') in text
         world.cluster.delete(f"{world.runs_path}/three-stage")
-        wait_for(lambda: f'run="three-stage"' not in _scrape(), message="the deleted run's series to vanish")
+        mine = re.compile(rf'namespace="{world.namespace}".*run="three-stage"|run="three-stage".*namespace="{world.namespace}"')
+        wait_for(lambda: not mine.search(_scrape()), message="the deleted run's series to vanish")
 
 
 def _failures(error_type: str) -> float:

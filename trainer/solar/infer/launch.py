@@ -93,13 +93,8 @@ def infer(config: str, sets: Sequence[str]) -> int:
             message = str(error) if isinstance(error, SolarError) else f"{type(error).__name__}: {error}"
             from solar.train.launch import _error_type
 
-            if rank_log is not None:
-                rank_log.exception(error)
-            if events is not None:
-                events.write("error", durable=True, error_type=_error_type(error), message=message,
-                             ranks=getattr(error, "ranks", None) or [], phase=heartbeat.state["phase"])
-            if heartbeat is not None:
-                heartbeat.update(failed_in=heartbeat.state["phase"], phase="failed")
+            run_dir.record_failure(error, error_type=_error_type(error), message=message, events=events,
+                                   heartbeat=heartbeat, rank_log=rank_log)
         elif heartbeat is not None:
             heartbeat.update(phase="complete")
             events.write("complete", durable=True)

@@ -157,6 +157,21 @@ class Heartbeat:
         self.update(collective={"name": name, "seq": seq})
 
 
+def record_failure(error: BaseException, *, error_type: str, message: str, events: EventLog | None,
+                   heartbeat: Heartbeat | None, rank_log: RankLog | None) -> None:
+    """The evidence a failed launch leaves on this rank: the traceback in its log, an ``error`` event
+    (with the failing ranks of a collective failure and the phase), and a heartbeat that keeps the
+    phase it failed in."""
+    phase = heartbeat.state["phase"] if heartbeat is not None else None
+    if rank_log is not None:
+        rank_log.exception(error)
+    if events is not None:
+        events.write("error", durable=True, error_type=error_type, message=message,
+                     ranks=getattr(error, "ranks", None) or [], phase=phase)
+    if heartbeat is not None:
+        heartbeat.update(failed_in=phase, phase="failed")
+
+
 class _Tee:
     """A text stream that also writes to the rank's log file."""
 

@@ -118,14 +118,8 @@ def train(config: str, sets: Sequence[str]) -> int:
         validations = loop.validations if loop else []
         if error is not None:
             message = str(error) if isinstance(error, SolarError) else f"{type(error).__name__}: {error}"
-            if rank_log is not None:
-                rank_log.exception(error)
-            if events is not None:
-                events.write("error", durable=True, error_type=_error_type(error), message=message,
-                             ranks=getattr(error, "ranks", None) or [], phase=heartbeat.state["phase"] if heartbeat
-                             else None)
-            if heartbeat is not None:  # keep the phase it failed in: evidence for `solar diagnose`
-                heartbeat.update(failed_in=heartbeat.state["phase"], phase="failed")
+            run_dir.record_failure(error, error_type=_error_type(error), message=message, events=events,
+                                   heartbeat=heartbeat, rank_log=rank_log)
             if d.rank == 0 and (out / "launch-manifest.json").exists():
                 run_dir.write_result(out, "failed", error_type=_error_type(error), message=message, final=final,
                                      checkpoints=checkpoints, validations=validations)
