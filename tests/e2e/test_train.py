@@ -22,6 +22,10 @@ def data(tmp_path_factory):
     return {f: synthesize(f, base / f, samples=4, seed=1) and base / f for f in TINY}
 
 
+def _events(run, rank):
+    return [json.loads(line) for line in (run / "events" / f"rank-{rank:05d}.jsonl").read_text().splitlines()]
+
+
 def _sets(data_root, out, *extra):
     return [f"data.root={data_root}", f"runtime.output_dir={out}", "runtime.log_every=100", *extra]
 
@@ -49,8 +53,10 @@ def test_tiny_stage0p5_under_torchrun_learns(family, data, tmp_path):
     assert steps(out, rank=1)[0]["loss_mean"] == losses[0]  # every rank agrees on the mean
 
 
-@pytest.mark.parametrize("sharding", ["none", "full_shard"])
-def test_resume_is_bitwise_exact(sharding, data, tmp_path):
+@pytest.mark.parametrize("sharding, saving", [("none", "sync"), ("full_shard", "sync"), ("none", "async")])
+def test_resume_is_bitwise_exact(sharding, saving, data, tmp_path):
+    """The interrupted run saves in the background when ``saving`` is async (with one more save at step
+    2, committed while training goes on); its checkpoints equal the synchronous run's byte for byte."""
     base = _sets(data["wan22_ti2v_5b"], "{out}", "distributed.world_size=2", "train.global_batch_size=2",
                  "train.max_steps=6", "runtime.save_every=0", "data.random_start=true", "data.shuffle_buffer=2",
                  f"distributed.sharding={sharding}",
@@ -60,12 +66,18 @@ def test_resume_is_bitwise_exact(sharding, data, tmp_path):
     fill = lambda out: [s.replace("{out}", str(out)) for s in base]  # noqa: E731
     straight, split = tmp_path / "straight", tmp_path / "split"
     assert train(TINY["wan22_ti2v_5b"], fill(straight), nproc=2).returncode == 0
-    first = train(TINY["wan22_ti2v_5b"], fill(split) + ["runtime.exit_after_step=3"], nproc=2)
-    assert first.returncode == 0 and result(split)["status"] == "stopped"
-    resumed = train(TINY["wan22_ti2v_5b"], fill(split) + ["checkpoint.mode=full_resume",
-                                                          f"checkpoint.path={split}/checkpoints/step_00000003"], nproc=2)
+    background = ["runtime.async_checkpoint=true", "runtime.save_steps=[2]"] if saving == "async" else []
+    first = train(TINY["wan22_ti2v_5b"], fill(split) + background + ["runtime.exit_after_step=3"], nproc=2)
+    assert first.returncode == 0 and result(split)["status"] == "stopped", first.stderr[-2000:]
+    resumed = train(TINY["wan22_ti2v_5b"], fill(split) + background + [
+        "checkpoint.mode=full_resume", f"checkpoint.path={split}/checkpoints/step_00000003"], nproc=2)
     assert resumed.returncode == 0, resumed.stderr[-2000:]
     assert result(split)["status"] == "complete"
+    if saving == "async":
+        assert [c["step"] for c in result(split)["checkpoints"]] == [6]
+        saves = [e for e in _events(split, 0) if e["event"] == "checkpoint"]
+        assert [e["step"] for e in saves] == [2, 3, 6] and all("blocking_seconds" in e for e in saves)
+        assert not list((split / "checkpoints").glob(".*partial"))
     a, b = straight / "checkpoints" / "step_00000006", split / "checkpoints" / "step_00000006"
     for member in ("model/live.safetensors", "model/ema.safetensors", "model/optimizer.safetensors",
                    "model/optimizer.json", "trainer.json", "rng/rank-00000.json", "rng/rank-00001.json",

@@ -24,11 +24,17 @@ _DTYPES = {
 }
 
 
-def tensor_bytes(tensor: torch.Tensor) -> bytes:
+def tensor_buffer(tensor: torch.Tensor):
+    """The tensor's little-endian bytes as a buffer (no copy for a contiguous CPU tensor)."""
     flat = tensor.detach().to("cpu").contiguous().reshape(-1)
     if sys.byteorder != "little":  # pragma: no cover - every supported platform is little-endian
         raise RuntimeError("big-endian hosts are not supported")
-    return flat.view(torch.uint8).numpy().tobytes() if flat.numel() else b""
+    return flat.view(torch.uint8).numpy() if flat.numel() else b""
+
+
+def tensor_bytes(tensor: torch.Tensor) -> bytes:
+    buffer = tensor_buffer(tensor)
+    return buffer.tobytes() if not isinstance(buffer, bytes) else buffer
 
 
 def _header(specs: list[tuple[str, torch.dtype, tuple[int, ...]]], metadata: dict[str, str] | None) -> bytes:
@@ -69,7 +75,7 @@ def write_streaming(handle, specs: dict[str, tuple[torch.dtype, tuple[int, ...]]
         tensor = load(name)
         if tensor.dtype != specs[name][0] or tuple(tensor.shape) != tuple(specs[name][1]):
             raise ValueError(f"tensor {name!r} changed dtype or shape while writing")
-        data = tensor_bytes(tensor)
+        data = tensor_buffer(tensor)
         handle.write(data)
-        written += len(data)
+        written += len(data) if isinstance(data, bytes) else data.nbytes
     return written

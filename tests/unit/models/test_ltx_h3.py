@@ -171,5 +171,41 @@ def test_h3_layout_geometry():
     spans = [round(b - a, 6) for a, b in zip(times, times[1:])]
     assert spans == [round(5 / 3 * s, 6) for s in (1, 4, 4, 4, 4, 1)]
     assert torch.equal(lay.positions[lay.clean], lay.positions[lay.noisy])
-    assert lay.camera_frame[lay.anchor].tolist() == [0] * n and lay.camera_frame[lay.audio].tolist() == [-1] * 4
+    assert lay.camera_frame[lay.anchor].tolist() == [0] * n and lay.camera_frame[lay.audio].tolist() == [0] * 4
+    assert lay.camera_frame[lay.text].tolist() == [0] * 3  # poseless rows use the first latent's camera
     assert lay.chunks[lay.noisy].tolist()[-1] == 1
+
+
+def _rigid(seed: int) -> torch.Tensor:
+    """A random rotation and translation (a change of world frame applied to every camera)."""
+    gen = torch.Generator().manual_seed(seed)
+    q, _ = torch.linalg.qr(torch.randn(3, 3, generator=gen, dtype=torch.float64))
+    g = torch.eye(4)
+    g[:3, :3] = (q * torch.sign(torch.linalg.det(q))).float()
+    g[:3, 3] = torch.randn(3, generator=gen) * 2
+    return g
+
+
+@pytest.mark.parametrize("family", ["ltx25_video", "minimax_h3"])
+def test_prope_is_relative_and_identity_means_no_camera(family):
+    """As for Wan: every row of the attention (H3's text, anchor and audio rows included) sees the
+    cameras only relative to each other."""
+    gen = torch.Generator().manual_seed(3)
+    frames = 4
+    if family == "ltx25_video":
+        d = ltx_dims()
+        model = randomize(ltx_ours(d, camera_transform="linear"))
+        x, ctx = torch.randn(1, 128, frames, 3, 5, generator=gen), torch.randn(1, 6, d.text_dim, generator=gen)
+        t = torch.tensor([[0.0, 400.0, 400.0, 400.0]])
+        run = lambda cams: model(x, t, ctx, cameras=cams)  # noqa: E731
+    else:
+        model = randomize(h3_ours(camera_transform="linear"))
+        x, anchor, audio, ctx = _h3_inputs(frames=frames, seed=3)
+        run = lambda cams: model(x, torch.tensor([0.5]), ctx, anchor=anchor, audio=audio,  # noqa: E731
+                                 audio_timestep=0.7, cameras=cams)
+    cams = moving_cameras(frames)
+    base = run(cams)
+    assert (base - run(cams @ _rigid(1))).abs().max().item() <= 1e-5
+    plain = run(None)
+    assert (plain - run(torch.eye(4).repeat(1, frames, 1, 1))).abs().max().item() <= 1e-5
+    assert (base - plain).abs().max().item() > 1e-3  # cameras do condition the output

@@ -297,6 +297,9 @@ class RuntimeBlock(Block):
     device: Literal["auto", "cpu", "cuda"] = Field("auto", description="Device (auto: cuda if present).")
     deterministic: bool = Field(False, description="Deterministic algorithms (bit-exact CPU resume).")
     compile: bool = Field(False, description="torch.compile each block.")
+    async_checkpoint: bool = Field(
+        False, description="Copy checkpoint state to reused (pinned) host buffers, write it in a background "
+                           "thread and commit when every rank's files are written; training goes on meanwhile.")
 
 
 class RunConfig(Block):

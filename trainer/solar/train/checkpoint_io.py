@@ -23,14 +23,22 @@ import torch
 from safetensors.torch import load_file
 
 from solar.config.canonical import pretty_bytes
-from solar.safetensors_io import encode
+from solar.safetensors_io import write_streaming
 from solar.storage.checkpoints import CheckpointError
 
 
-def _write(path: Path, data: bytes) -> None:
+def write_bytes(path: Path, data: bytes) -> None:
+    """A new member (create-only); the transaction's commit fsyncs it."""
     path.parent.mkdir(parents=True, exist_ok=True)
     with open(path, "xb") as handle:
         handle.write(data)
+
+
+def write_tensors(path: Path, tensors: dict[str, torch.Tensor]) -> None:
+    """A safetensors member written tensor by tensor straight from the CPU copies (create-only)."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    with open(path, "xb") as handle:
+        write_streaming(handle, {k: (v.dtype, tuple(v.shape)) for k, v in tensors.items()}, tensors.__getitem__)
 
 
 def _cpu(t: torch.Tensor) -> torch.Tensor:
@@ -40,14 +48,19 @@ def _cpu(t: torch.Tensor) -> torch.Tensor:
     return t.to("cpu").contiguous()
 
 
-def full(tensors: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
-    """Full CPU copies; with FSDP2 (DTensors) this is a collective every rank must enter."""
+def full(tensors: dict[str, torch.Tensor], staging=None, key: str = "") -> dict[str, torch.Tensor]:
+    """Full CPU copies (into ``staging``'s reused buffers when given, a ``checkpoint_save.Staging``);
+    with FSDP2 (DTensors) this is a collective every rank must enter."""
+    if staging is not None:
+        return {k: staging.copy(f"{key}/{k}", v) for k, v in tensors.items()}
     return {k: _cpu(v) for k, v in tensors.items()}
 
 
 def snapshot(model: torch.nn.Module, optimizer: torch.optim.Optimizer, names: list[str], *, sharded: bool,
-             adapter_only: bool, ema: dict[str, torch.Tensor] | None) -> dict:
-    """Everything a role saves, as full CPU tensors. Collective when ``sharded``: call on every rank."""
+             adapter_only: bool, ema: dict[str, torch.Tensor] | None, staging=None, key: str = "model") -> dict:
+    """Everything a role saves, as full CPU tensors that training may no longer change (copies; with
+    ``staging``, its buffers: wait for ``staging.ready()`` before reading them). Collective when
+    ``sharded``: call on every rank."""
     if sharded:
         from torch.distributed.checkpoint.state_dict import (
             StateDictOptions, get_model_state_dict, get_optimizer_state_dict,
@@ -66,19 +79,23 @@ def snapshot(model: torch.nn.Module, optimizer: torch.optim.Optimizer, names: li
         groups = state["param_groups"]
     if adapter_only:
         weights = {k: v for k, v in weights.items() if ".lora_" in k}
-    return {"weights": full(weights), "ema": full(ema) if ema else None,
-            "optimizer": ({name: {k: (_cpu(v) if isinstance(v, torch.Tensor) and k != "step" else v)
-                                  for k, v in entry.items()} for name, entry in per_param.items()},
+    def copy(name: str, k: str, v):
+        if not isinstance(v, torch.Tensor) or k == "step":
+            return v
+        return staging.copy(f"{key}/optimizer/{name}/{k}", v) if staging is not None else _cpu(v)
+
+    return {"weights": full(weights, staging, f"{key}/live"), "ema": full(ema, staging, f"{key}/ema") if ema else None,
+            "optimizer": ({name: {k: copy(name, k, v) for k, v in entry.items()} for name, entry in per_param.items()},
                           [{k: v for k, v in g.items() if k != "params"} for g in groups])}
 
 
 def save_role(partial: Path, role: str, snap: dict, names: list[str]) -> list[str]:
     """Write one role's members (rank 0); returns their paths relative to the checkpoint."""
     members = [f"{role}/live.safetensors"]
-    _write(partial / members[0], encode(snap["weights"]))
+    write_tensors(partial / members[0], snap["weights"])
     if snap["ema"]:
         members.append(f"{role}/ema.safetensors")
-        _write(partial / members[-1], encode(snap["ema"]))
+        write_tensors(partial / members[-1], snap["ema"])
     per_param, groups = snap["optimizer"]
     tensors, steps = {}, {}
     for name, entry in per_param.items():
@@ -88,8 +105,8 @@ def save_role(partial: Path, role: str, snap: dict, names: list[str]) -> list[st
             elif isinstance(value, torch.Tensor):
                 tensors[f"{name}::{key}"] = value
     members += [f"{role}/optimizer.safetensors", f"{role}/optimizer.json"]
-    _write(partial / members[-2], encode(tensors))
-    _write(partial / members[-1], pretty_bytes({"param_groups": groups, "steps": steps, "names": names}))
+    write_tensors(partial / members[-2], tensors)
+    write_bytes(partial / members[-1], pretty_bytes({"param_groups": groups, "steps": steps, "names": names}))
     return members
 
 
@@ -161,9 +178,14 @@ def load_optimizer(path: Path, role: str, optimizer: torch.optim.Optimizer, name
     optimizer.load_state_dict({"state": state, "param_groups": groups})
 
 
-def write_trainer(partial: Path, state: dict) -> None:
+def trainer_file(state: dict) -> dict[str, bytes]:
     """``trainer.json``: step counters and EMA bookkeeping."""
-    _write(partial / "trainer.json", json.dumps(state, sort_keys=True).encode())
+    return {"trainer.json": json.dumps(state, sort_keys=True).encode()}
+
+
+def write_trainer(partial: Path, state: dict) -> None:
+    for rel, data in trainer_file(state).items():
+        write_bytes(partial / rel, data)
 
 
 def rng_state() -> dict:
@@ -182,9 +204,10 @@ def set_rng_state(state: dict) -> None:
         torch.cuda.set_rng_state_all([torch.tensor(s, dtype=torch.uint8) for s in state["cuda"]])
 
 
-def save_rank_state(partial: Path, rank: int, *, data_state: dict) -> None:
-    _write(partial / "rng" / f"rank-{rank:05d}.json", json.dumps(rng_state()).encode())
-    _write(partial / "data" / f"rank-{rank:05d}.json", json.dumps(data_state).encode())
+def rank_state_files(rank: int, *, data_state: dict) -> dict[str, bytes]:
+    """This rank's RNG and data-stream state as checkpoint members, taken now."""
+    return {f"rng/rank-{rank:05d}.json": json.dumps(rng_state()).encode(),
+            f"data/rank-{rank:05d}.json": json.dumps(data_state).encode()}
 
 
 def load_rank_state(path: Path, rank: int) -> dict:

@@ -112,6 +112,8 @@ class Loop:
     generation: object = None
     objective: object = None  # (model, batch, step, micro) -> (loss, per-sample records)
     stage2: object = None     # solar.train.stage2.Stage2: its outer step and role checkpoints
+    pending_save: object = None  # checkpoint_save.BackgroundWrite in flight (runtime.async_checkpoint)
+    staging: object = None       # checkpoint_save.Staging: host buffers reused by background saves
     term: str = "fm"
 
     # --- one step ---------------------------------------------------------------------------
@@ -287,47 +289,85 @@ class Loop:
         return latent_frames(cfg) * (cfg.data.height // s // dims.patch_size[1]) * (cfg.data.width // s // dims.patch_size[2])
 
     # --- saving -----------------------------------------------------------------------------
-    def save(self, step: int) -> Path:
+    def save(self, step: int) -> Path | None:
+        """Checkpoint ``step``: capture the state, write it, commit. With ``runtime.async_checkpoint``
+        the write runs in the background and the commit follows at a later step (``poll_save``), at
+        the next save or when the loop ends (``finish_save``); returns None then."""
+        from solar.train import checkpoint_save as cs
+
         d, p = self.dist, self.parts
+        self.finish_save()  # the previous background save commits first; its buffers are reused
         started = time.perf_counter()
         self.heartbeat.update(phase="checkpoint", step=step)
         partial = Path(self.out) / "checkpoints" / "pending"
         if d.rank == 0:
             partial = ckpt.begin(self.out, step)
         partial = Path(d.all_gather_object(str(partial), "checkpoint-begin")[0])
+        background = self.resolved.config.runtime.async_checkpoint
+        if background and self.staging is None:
+            self.staging = cs.Staging()
+        staging = self.staging if background else None
         if self.stage2 is not None:
-            roles, trainer_state = self.stage2.write(self, partial, step)
+            capture = self.stage2.capture(self, partial, step, staging)
         else:
-            roles, trainer_state = self._write_model(partial, step)
-        io.save_rank_state(partial, d.rank, data_state=p.stream.state_dict())
+            capture = self._capture_model(partial, step, staging)
+        capture.files.update(io.rank_state_files(d.rank, data_state=p.stream.state_dict()))
+        if staging is not None:
+            staging.ready()
+            self.pending_save = cs.BackgroundWrite(capture, started=started,
+                                                   blocking=time.perf_counter() - started)
+            return None
+        return self._commit(capture, cs.write(capture), started, blocking=None)
+
+    def poll_save(self) -> None:
+        """Commit a background save once every rank has written its part (one flag exchange per step
+        while a save is in flight; nothing otherwise)."""
+        pending = self.pending_save
+        if pending is not None and not self.dist.any_flag(not pending.done(), "checkpoint-poll"):
+            self.finish_save()
+
+    def finish_save(self) -> None:
+        """Wait for the background save and commit it; a rank whose write failed fails every rank."""
+        pending, self.pending_save = self.pending_save, None
+        if pending is None:
+            return
+        pending.wait()
+        self.dist.exchange_error(pending.error, "checkpoint")
+        self._commit(pending.capture, pending.roles, pending.started, blocking=pending.blocking)
+
+    def _commit(self, capture, roles: dict, started: float, *, blocking: float | None) -> Path:
+        d, step = self.dist, capture.step
         d.barrier("checkpoint-written")
         final = None
         if d.rank == 0:
-            final = ckpt.commit(partial, step=step, contract=contract_of(self.resolved), roles=roles,
-                                trainer_state=trainer_state)
+            final = ckpt.commit(capture.partial, step=step, contract=contract_of(self.resolved), roles=roles,
+                                trainer_state=capture.trainer_state)
         final = Path(d.all_gather_object(str(final), "checkpoint-commit")[0])
         seconds = time.perf_counter() - started
-        self.events.write("checkpoint", durable=True, step=step, path=str(final), seconds=seconds)
+        timing = {"seconds": seconds} if blocking is None else {"seconds": seconds, "blocking_seconds": blocking}
+        self.events.write("checkpoint", durable=True, step=step, path=str(final), **timing)
         self.checkpoints.append({"step": step, "path": str(final)})
         if self.metrics is not None:
-            self.metrics.save_seconds.observe(seconds)
+            self.metrics.save_seconds.observe(seconds if blocking is None else blocking)
             self.metrics.last_checkpoint.set(step)
         return final
 
-    def _write_model(self, partial: Path, step: int) -> tuple[dict, dict]:
-        """The single-model role: weights, EMA, optimizer, trainer.json (rank 0 writes)."""
+    def _capture_model(self, partial: Path, step: int, staging):
+        """The single-model role: weights, EMA, optimizer, trainer.json (rank 0 writes them)."""
+        from solar.train import checkpoint_save as cs
+
         d, p = self.dist, self.parts
-        members = []
         shadow, meta = p.ema.state()
-        snap = io.snapshot(p.model, p.optimizer, p.names, sharded=p.sharded, adapter_only=p.adapter_only,
-                           ema=shadow)  # a collective with FSDP2: every rank takes part
-        if d.rank == 0:
-            members = io.save_role(partial, "model", snap, p.names)
-            io.write_trainer(partial, {"step": step, "ema": meta})
-        weights = ["live", "ema"] if p.ema.exists else ["live"]
-        return ({"model": {"weights": weights, "members": members}},
-                {"step": step, "adapter_only": p.adapter_only, "base": self.resolved.config.model.pretrained_path,
-                 "ema_exists": p.ema.exists})
+        roles, files = [], {}
+        if p.sharded or d.rank == 0:  # a collective with FSDP2: every rank takes part
+            snap = io.snapshot(p.model, p.optimizer, p.names, sharded=p.sharded, adapter_only=p.adapter_only,
+                               ema=shadow, staging=staging, key="model")
+            if d.rank == 0:
+                roles = [cs.RoleCapture("model", snap, p.names, ["live", "ema"] if p.ema.exists else ["live"])]
+                files = io.trainer_file({"step": step, "ema": meta})
+        trainer_state = {"step": step, "adapter_only": p.adapter_only,
+                         "base": self.resolved.config.model.pretrained_path, "ema_exists": p.ema.exists}
+        return cs.Capture(step, partial, roles, trainer_state, files)
 
     def due(self, step: int) -> bool:
         run = self.resolved.config.runtime
@@ -417,17 +457,21 @@ class Loop:
             event = self.step(step)
             progress.show(event)
             saved = False
+            self.poll_save()
             if self.due(step) or step == exit_after:
                 self.save(step)
                 saved = True
             if self.validation_due(step):
                 self.validate(step)
             if step == exit_after and step < max_steps:
+                self.finish_save()
                 return "stopped"
             if d.any_flag(self.stop.requested, "stop-check"):
                 if cfg.runtime.checkpoint_on_stop and not saved:
                     self.save(step)
+                self.finish_save()
                 return "stopped"
+        self.finish_save()
         return "complete"
 
 

@@ -494,20 +494,23 @@ class Stage2:
         return event
 
     # --- checkpoints -------------------------------------------------------------------------
-    def write(self, loop, partial: Path, step: int) -> tuple[dict, dict]:
+    def capture(self, loop, partial: Path, step: int, staging):
+        """Both trained roles' state for a checkpoint (``checkpoint_save.Capture``; rank 0 writes)."""
+        from solar.train import checkpoint_save as cs
+
         d, p = loop.dist, loop.parts
-        shadow, meta = p.ema.state()
-        student = io.snapshot(p.model, p.optimizer, p.names, sharded=False, adapter_only=p.adapter_only, ema=shadow)
-        critic = io.snapshot(self.critic.model, self.critic.optimizer, self.critic.names, sharded=False,
-                             adapter_only=p.adapter_only, ema=None)
-        roles = {}
+        roles, files = [], {}
         if d.rank == 0:
-            roles["student"] = {"weights": ["live", "ema"] if p.ema.exists else ["live"],
-                                "members": io.save_role(partial, "student", student, p.names)}
-            roles["critic"] = {"weights": ["live"], "members": io.save_role(partial, "critic", critic,
-                                                                            self.critic.names)}
-            io.write_trainer(partial, {"step": step, "student_step": self.student_step, "ema": meta,
-                                       "teacher": self.teacher_source})
-        return roles, {"step": step, "student_step": self.student_step, "adapter_only": p.adapter_only,
-                       "base": self.resolved.config.model.pretrained_path, "ema_exists": p.ema.exists,
-                       "teacher": self.teacher_source}
+            shadow, meta = p.ema.state()
+            student = io.snapshot(p.model, p.optimizer, p.names, sharded=False, adapter_only=p.adapter_only,
+                                  ema=shadow, staging=staging, key="student")
+            critic = io.snapshot(self.critic.model, self.critic.optimizer, self.critic.names, sharded=False,
+                                 adapter_only=p.adapter_only, ema=None, staging=staging, key="critic")
+            roles = [cs.RoleCapture("student", student, p.names, ["live", "ema"] if p.ema.exists else ["live"]),
+                     cs.RoleCapture("critic", critic, self.critic.names, ["live"])]
+            files = io.trainer_file({"step": step, "student_step": self.student_step, "ema": meta,
+                                     "teacher": self.teacher_source})
+        trainer_state = {"step": step, "student_step": self.student_step, "adapter_only": p.adapter_only,
+                         "base": self.resolved.config.model.pretrained_path, "ema_exists": p.ema.exists,
+                         "teacher": self.teacher_source}
+        return cs.Capture(step, partial, roles, trainer_state, files)

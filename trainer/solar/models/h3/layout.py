@@ -9,7 +9,10 @@ spatial coordinates are centred on a square canvas and scaled to [0, 32).
 
 Every row also carries its modality tag (0 video, 1 text, 2 audio), its time group (rows of one
 group share a timestep: text, anchor, audio, clean, and each noisy frame), the latent frame whose
-camera it uses (-1: none), and its teacher-forcing kind/chunk for ``TokenMask``.
+camera it uses, and its teacher-forcing kind/chunk for ``TokenMask``. Rows without a pose of their
+own (text, audio) use the first latent's camera, as the keyframe anchor does: PRoPE then only ever
+sees cameras relative to each other, so one rigid transform of every camera changes nothing and
+identity cameras equal no camera conditioning (rows left unprojected would break both).
 """
 
 from __future__ import annotations
@@ -59,7 +62,7 @@ class Layout:
     positions: torch.Tensor      # [S, 3] float64
     tags: torch.Tensor           # [S] modality tag
     groups: torch.Tensor         # [S] time group
-    camera_frame: torch.Tensor   # [S] latent frame of the row's camera, -1 for none
+    camera_frame: torch.Tensor   # [S] latent frame of the row's camera (-1: none, unused by build)
     kinds: torch.Tensor          # [S] PREFIX / CLEAN / NOISY
     chunks: torch.Tensor         # [S] chunk index (0 for prefix rows)
     text: slice
@@ -113,7 +116,7 @@ def build(*, text_tokens: int, frames: int, height: int, width: int, audio_laten
 
     text_pos = torch.zeros(L, 3, dtype=torch.float64)
     text_pos[:, 0] = torch.arange(L, dtype=torch.float64)
-    cursor = add(text_pos, TEXT_TAG, G_TEXT, -1, PREFIX, 0)
+    cursor = add(text_pos, TEXT_TAG, G_TEXT, 0, PREFIX, 0)
     text = slice(0, cursor)
     anchor_rows = 0
     if anchor:
@@ -128,7 +131,7 @@ def build(*, text_tokens: int, frames: int, height: int, width: int, audio_laten
         audio_pos[:, 0] = float(L) + torch.arange(audio_latents, dtype=torch.float64).repeat(AUDIO_CHANNELS)
         audio_pos[:audio_latents, 2] = width_axis[0]
         audio_pos[audio_latents:, 2] = width_axis[-1]
-    audio_rows = add(audio_pos, AUDIO_TAG, G_AUDIO, -1, PREFIX, 0)
+    audio_rows = add(audio_pos, AUDIO_TAG, G_AUDIO, 0, PREFIX, 0)
     audio = slice(cursor, cursor + audio_rows)
     cursor += audio_rows
     vpos = video_positions(frames, grid, float(L))
