@@ -1,7 +1,9 @@
 """(e) Checkpoint saving: how long the trainer is blocked by one save of a Wan-1.3B-shaped model's
-role (live weights, fp32 EMA, AdamW moments: the same ``checkpoint_io`` calls and transaction as
-``solar train``), and the write rate against this disk's own sequential write bandwidth measured in
-the same run (a 4 GiB file written and fsynced).
+role (live weights, fp32 EMA, AdamW moments: the same ``checkpoint_io`` / ``checkpoint_save`` calls
+and transaction as ``solar train``), synchronous and in the background (``runtime.async_checkpoint``:
+pinned staging buffers, a writer thread, commit after the write), and the write rate against this
+disk's own sequential write bandwidth measured in the same run (a 4 GiB file written and fsynced).
+The background saves also report GPU matmul throughput while the writer runs against alone.
 
     PYTHONPATH=trainer:. python3 bench/gpu/checkpoint.py [DIR]     # DIR defaults to /tmp/solar-ckpt-bench
 """
@@ -22,6 +24,7 @@ from solar.config import families
 from solar.models.wan.model import WanConfig, WanDiT
 from solar.storage import checkpoints as ckpt
 from solar.train import checkpoint_io as io
+from solar.train import checkpoint_save as cs
 
 
 def disk_bandwidth(folder: Path, gib: int = 4) -> float:
@@ -36,6 +39,18 @@ def disk_bandwidth(folder: Path, gib: int = 4) -> float:
     seconds = time.perf_counter() - started
     path.unlink()
     return gib * 2**30 / seconds
+
+
+def _matmul_rate(seconds: float) -> float:
+    """bf16 8192^3 matmuls per second on the GPU for ``seconds`` (a stand-in for training steps)."""
+    a = torch.randn(8192, 8192, device="cuda", dtype=torch.bfloat16)
+    done, started = 0, time.perf_counter()
+    while time.perf_counter() - started < seconds:
+        for _ in range(10):
+            a @ a
+        torch.cuda.synchronize()
+        done += 10
+    return done / (time.perf_counter() - started)
 
 
 def main() -> None:
@@ -55,23 +70,39 @@ def main() -> None:
         p.grad = torch.zeros_like(p)
     opt.step()  # moments exist, as after a training step
     ema = {n: p.detach().float().clone() for n, p in params.items()}
-    for step in (1, 2, 3):
+    alone = _matmul_rate(3.0)
+    staging = cs.Staging()
+    for step, background in ((1, False), (2, True), (3, True), (4, True)):
         torch.cuda.synchronize()
         started = time.perf_counter()
-        snap = io.snapshot(model, opt, names, sharded=False, adapter_only=False, ema=ema)
-        snapped = time.perf_counter()
         partial = ckpt.begin(root, step)
-        members = io.save_role(partial, "model", snap, names)
-        io.write_trainer(partial, {"step": step})
-        final = ckpt.commit(partial, step=step, contract={"bench": True},
-                            roles={"model": {"weights": ["live", "ema"], "members": members}},
-                            trainer_state={"step": step})
+        snap = io.snapshot(model, opt, names, sharded=False, adapter_only=False, ema=ema,
+                           staging=staging if background else None)
+        capture = cs.Capture(step, partial, [cs.RoleCapture("model", snap, names, ["live", "ema"])],
+                             {"step": step}, io.trainer_file({"step": step}))
+        if background:  # what the trainer does with runtime.async_checkpoint: true
+            staging.ready()
+            blocking = time.perf_counter() - started
+            writer = cs.BackgroundWrite(capture, started=started, blocking=blocking)
+            beside = _matmul_rate(0.5)  # training goes on while the writer runs
+            writer.wait()
+            assert writer.error is None, writer.error
+            roles, snapped = writer.roles, started + blocking
+        else:
+            snapped = time.perf_counter()
+            roles = cs.write(capture)
+            beside = None
+        final = ckpt.commit(partial, step=step, contract={"bench": True}, roles=roles, trainer_state={"step": step})
         done = time.perf_counter()
+        if not background:
+            blocking = done - started
         size = sum(f.stat().st_size for f in final.rglob("*") if f.is_file())
-        emit({"bench": "checkpoint_save", "step": step, "parameters": sum(p.numel() for p in params.values()),
-              "bytes": size, "blocking_s": done - started, "snapshot_s": snapped - started,
-              "write_s": done - snapped, "write_gib_per_s": size / (done - snapped) / 2**30,
-              "fraction_of_disk_bandwidth": size / (done - snapped) / bw})
+        emit({"bench": "checkpoint_save", "mode": "async" if background else "sync", "step": step,
+              "parameters": sum(p.numel() for p in params.values()), "bytes": size, "blocking_s": blocking,
+              "snapshot_s": snapped - started, "write_s": done - snapped,
+              "write_gib_per_s": size / (done - snapped) / 2**30,
+              "fraction_of_disk_bandwidth": size / (done - snapped) / bw,
+              "matmuls_per_s_alone": alone, "matmuls_per_s_during_write": beside})
         shutil.rmtree(final)
     shutil.rmtree(root, ignore_errors=True)
 

@@ -5,7 +5,10 @@ clipping and the trainer's fp32 EMA; ours (WanDiT as the trainer builds it: per-
 ``WanTransformer3DModel`` (TI2V per-token timesteps, its own gradient checkpointing) with the same
 optimizer, clipping and EMA, one after the other in the same process.
 
-    PYTHONPATH=trainer:. python3 bench/gpu/train_step.py
+    PYTHONPATH=trainer:. python3 bench/gpu/train_step.py [VARIANT ...]   # default: ours ours_compiled diffusers
+
+Variants with ``save_attention`` / ``skipN`` use ``distributed.activation_checkpointing_policy`` and
+``distributed.activation_checkpointing_skip_blocks``.
 
 MFU counts model FLOPs (performance.md: ≈ 0.92 PFLOP per clip), not the recomputation.
 """
@@ -48,13 +51,13 @@ def _step_fn(model, forward):
     return step
 
 
-def ours(compiled: bool = False) -> dict:
+def ours(compiled: bool = False, policy: str = "full", skip: int = 0) -> dict:
     from solar.models.wan.model import WanConfig, WanDiT
     from solar.train.parallelize import apply_activation_checkpointing, apply_compile
 
     with torch.device("cuda"):
         model = WanDiT(WanConfig(DIMS, camera_transform=None, attention_backend="sdpa"))
-    apply_activation_checkpointing(model)
+    apply_activation_checkpointing(model, policy=policy, skip_blocks=skip)  # distributed.activation_checkpointing_*
     if compiled:  # runtime.compile=true
         apply_compile(model)
     t = torch.full((1, FRAMES), 500.0, device="cuda")
@@ -86,10 +89,28 @@ def _measure(model, step) -> dict:
     return {**r, "parameters": params, "peak_gib": peak_memory()}
 
 
+VARIANTS = {
+    "ours": ours,
+    "ours_compiled": lambda: ours(True),
+    "ours_compiled_save_attention": lambda: ours(True, "save_attention"),
+    "diffusers": peer,
+}
+
+
 def main() -> None:
+    import sys
+
+    names = sys.argv[1:] or ["ours", "ours_compiled", "diffusers"]
     flops = block_train_flops(hidden=DIMS.hidden_size, ffn=DIMS.ffn_dim, tokens=TOKENS, layers=DIMS.num_layers)
     rows = {}
-    for name, fn in (("ours", ours), ("ours_compiled", lambda: ours(True)), ("diffusers", peer)):
+    def variant(name):  # ours_compiled_save_attention_skipN: the last N blocks not checkpointed
+        if name in VARIANTS:
+            return VARIANTS[name]
+        base, _, skip = name.rpartition("_skip")
+        policy = "save_attention" if base.endswith("save_attention") else "full"
+        return lambda: ours(base.startswith("ours_compiled"), policy, int(skip))
+
+    for name, fn in ((n, variant(n)) for n in names):
         try:
             r = fn()
         except Exception as exc:  # noqa: BLE001 - the other side still runs
@@ -101,8 +122,8 @@ def main() -> None:
         r.update(flops=flops, seconds_per_clip=r["median_s"], mfu=flops / r["median_s"] / PEAK_BF16)
         rows[name] = r
         emit({"bench": "train_step", "variant": name, "tokens": TOKENS, **r})
-    for name in ("ours", "ours_compiled"):
-        if name in rows and "diffusers" in rows:
+    for name in rows:
+        if name != "diffusers" and "diffusers" in rows:
             emit({"bench": "train_step_ratio", "variant": name,
                   "speedup_vs_diffusers": rows["diffusers"]["median_s"] / rows[name]["median_s"]})
 

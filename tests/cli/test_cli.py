@@ -166,3 +166,19 @@ def test_resolve_does_not_import_torch():
             "'--set', 'runtime.output_dir=/o']); assert 'torch' not in sys.modules; sys.exit(rc)")
     proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
     assert proc.returncode == 0, proc.stderr
+
+
+@pytest.mark.parametrize(("verb", "config", "said"), [
+    ("train", CONFIGS / "tiny" / "wan22_ti2v_5b" / "infer_stage0p5_fm_81f.yaml", "infer"),
+    ("infer", TINY_WAN, "train"),
+])
+def test_action_mismatch_is_one_line_and_writes_nothing(verb, config, said, tmp_path):
+    out = tmp_path / "out"
+    proc = run(verb, "--config", str(config), "--set", f"runtime.output_dir={out}",
+               "--set", f"data.root={tmp_path / 'data'}", "--set", f"checkpoint.path={tmp_path / 'ckpt'}")
+    assert proc.returncode == 2, proc.stderr
+    article = "an" if verb == "infer" else "a"
+    assert proc.stderr == (f"solar: error: action: the config says action {said!r} but the command is "
+                           f"`solar {verb}`; use `solar {said}` or {article} {verb} config\n")
+    assert "Traceback" not in proc.stderr and proc.stdout == ""
+    assert not out.exists() and list(tmp_path.iterdir()) == []

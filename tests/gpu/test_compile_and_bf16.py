@@ -38,10 +38,11 @@ def _run(model, inputs, cams, *, bf16: bool):
     return out.float(), {n: p.grad.float().clone() for n, p in model.named_parameters() if p.grad is not None}
 
 
-def test_compiled_checkpointed_blocks_match_eager_under_bf16_autocast():
+@pytest.mark.parametrize("policy, skip", [("full", 0), ("save_attention", 0), ("save_attention", 1)])
+def test_compiled_checkpointed_blocks_match_eager_under_bf16_autocast(policy, skip):
     eager, inputs, cams = _model_and_inputs()
     compiled = copy.deepcopy(eager)
-    apply_activation_checkpointing(compiled)
+    apply_activation_checkpointing(compiled, policy=policy, skip_blocks=skip)
     assert apply_compile(compiled) == len(compiled.blocks)
     out_e, grads_e = _run(eager, inputs, cams, bf16=True)
     out_c, grads_c = _run(compiled, inputs, cams, bf16=True)

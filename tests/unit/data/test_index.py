@@ -4,10 +4,11 @@ from __future__ import annotations
 
 import gzip
 import json
+import zlib
 
 import pytest
 
-from solar.data.index import inspect, load_table
+from solar.data.index import inspect, iter_lines, load_table
 from solar.errors import DataError
 from tests.unit.data.helpers import rows, write_index
 
@@ -74,14 +75,31 @@ def test_bad_index(case, tmp_path, cli):
 
 
 def test_truncated_gzip(tmp_path, cli):
-    good = gzip.compress(("\n".join(json.dumps(r) for r in rows(2000)) + "\n").encode())
+    text = "".join(json.dumps(r) + "\n" for r in rows(3000, caption="a clip"))
+    good = gzip.compress(text.encode(), mtime=0)
+    cut = good[: len(good) // 2]
     path = tmp_path / "cut.jsonl.gz"
-    path.write_bytes(good[: len(good) // 2])
-    with pytest.raises(DataError, match=r"corrupt or truncated gzip stream after line \d+"):
+    path.write_bytes(cut)
+    # Independently: what a decompressor recovers from the cut stream, and its complete lines.
+    recovered = zlib.decompressobj(wbits=31).decompress(cut)
+    last = recovered.count(b"\n")
+    assert 1000 < last < 3000  # far beyond any read-ahead buffer's worth, and not the whole file
+    message = (f"{path}: corrupt or truncated gzip stream after line {last} "
+               "(Compressed file ended before the end-of-stream marker was reached); the index is incomplete")
+    with pytest.raises(DataError) as info:
         load_table(path)
+    assert str(info.value) == message
+    seen = []
+    with pytest.raises(DataError, match=rf"after line {last} "):
+        for number, _ in iter_lines(path):
+            seen.append(number)
+    assert seen == list(range(1, last + 1))  # every complete line read is handed out before the error
+    result = cli("data", "inspect", str(path))
+    assert result.code == 2 and result.out == ""
+    assert result.err == f"solar: error: {message}\n"
     result = cli("data", "plan", str(path), "--seed", "1", "--pixel-frames", "1", "--world-size", "1",
                  "--rank", "0")
-    assert result.code == 2 and "truncated gzip" in result.err
+    assert result.code == 2 and result.err == f"solar: error: {message}\n"
 
 
 def test_empty_index(tmp_path):

@@ -39,6 +39,16 @@ FM_FIELDS: dict[str, dict[str, Any]] = {
     "minimax_h3": {"weighting": "uniform", "keyframe_anchor_t": 0.999, "audio_loss_weight": 0.0},
 }
 
+# Flow-matching values a family's objective implements; anything else would be accepted and ignored.
+FM_ONLY: dict[str, dict[str, tuple[Any, str]]] = {
+    "ltx25_video": {"weighting": ("uniform", "LTX-2.5 weights every timestep alike"),
+                    "timestep_sampling": ("shifted_logit_normal", "LTX-2.5 draws shifted logit-normal timesteps")},
+    "minimax_h3": {"weighting": ("uniform", "MiniMax-H3 weights every timestep alike"),
+                   "keyframe_anchor_t": (0.999, "the MiniMax-H3 model embeds its keyframe anchor at t = 0.999"),
+                   "audio_loss_weight": (0.0, "MiniMax-H3 training has no audio loss (the encoded silence only "
+                                              "conditions)")},
+}
+
 # Solvers each route's generation path implements.
 SOLVERS: dict[tuple[str, str], tuple[str, ...]] = {
     ("stage0p5", "flow_matching"): ("unipc", "euler"),
@@ -54,9 +64,10 @@ _TRAIN_ONLY = ("micro_batch_size", "gradient_accumulation", "global_batch_size",
 
 def derive_route(cfg: RunConfig, expected_action: str | None = None) -> Route:
     if expected_action is not None and cfg.action != expected_action:
+        article = "an" if expected_action[:1] in "aeiou" else "a"
         raise ConfigError(
             f"action: the config says action {cfg.action!r} but the command is "
-            f"`solar {expected_action}`; use `solar {cfg.action}` or a {expected_action} config"
+            f"`solar {expected_action}`; use `solar {cfg.action}` or {article} {expected_action} config"
         )
     t = cfg.train
     route = Route(cfg.model.family, t.stage, t.causal_mode, t.objective, t.objective_variant)
@@ -144,6 +155,9 @@ def check_applicability(cfg: RunConfig, route: Route) -> None:
             if value is not None and name not in allowed:
                 _reject(f"train.fm.{name}",
                         f"not a {route.family} setting (it reads {', '.join(sorted(allowed))})")
+            only = FM_ONLY.get(route.family, {}).get(name)
+            if value is not None and only is not None and value != only[0]:
+                raise ConfigError(f"train.fm.{name}={value!r}: {only[1]}; use {only[0]!r} or leave it unset")
     if train.anyflow is not None and route.family == "minimax_h3" and train.anyflow.guidance_scale:
         _reject("train.anyflow.guidance_scale", "MiniMax-H3 AnyFlow is unguided")
     if train.sgf is not None and route.family == "minimax_h3" and train.sgf.real_guidance_scale:

@@ -139,6 +139,11 @@ class DistributedBlock(Block):
     sharding: Literal["none", "full_shard", "hybrid_shard"] = Field(
         "none", description="FSDP2 parameter sharding (GPU only).")
     activation_checkpointing: bool = Field(False, description="Recompute block activations in backward.")
+    activation_checkpointing_policy: Literal["full", "save_attention"] = Field(
+        "full", description="full: recompute whole blocks; save_attention: keep the attention kernels' outputs "
+                            "(one activation per block) and recompute the rest.")
+    activation_checkpointing_skip_blocks: NonNegInt = Field(
+        0, description="The last N blocks keep all their activations (memory for speed).")
     timeout_seconds: PosInt = Field(1800, description="Collective timeout before a rank gives up.")
 
 

@@ -27,6 +27,7 @@ from solar.errors import DataError
 
 # Pixel-frame stride of a clip start for pre-encoded samples of each family (latent-aligned).
 START_STRIDE = {"x4": 4, "x8": 8, "h3": 17}
+_GZIP_CHUNK = 1 << 20  # most decompressed bytes taken per read (a read returns what one input block gave)
 
 
 def start_stride(family: str | None) -> int:
@@ -56,15 +57,42 @@ def iter_lines(path: str | os.PathLike[str]) -> Iterator[tuple[int, bytes]]:
         raise DataError(f"{name}: cannot read ({exc.strerror})") from None
     with raw:
         compressed = raw.peek(2)[:2] == b"\x1f\x8b" if hasattr(raw, "peek") else False
-        stream = io.BufferedReader(gzip.GzipFile(fileobj=raw), 1 << 20) if compressed else raw
-        number = 0
-        try:
-            for number, line in enumerate(stream, 1):  # noqa: B007 (number used after the loop)
+        if not compressed:
+            for number, line in enumerate(raw, 1):
                 if line.strip():
                     yield number, line
-        except (EOFError, gzip.BadGzipFile, zlib.error) as exc:
-            raise DataError(f"{name}: corrupt or truncated gzip stream after line {number} ({exc}); "
-                            "the index is incomplete") from None
+            return
+        yield from _gzip_lines(gzip.GzipFile(fileobj=raw), name)
+
+
+def _gzip_lines(stream: gzip.GzipFile, name: str) -> Iterator[tuple[int, bytes]]:
+    """Lines of a gzip stream, split here rather than by a read-ahead buffer, so that every line
+    decompressed before a truncation or corruption is yielded and the error names the last complete
+    line read (a read-ahead buffer would drop the data it had decoded when the stream fails)."""
+    number = 0  # the last complete (newline-terminated) line yielded
+    pending: list[bytes] = []  # pieces of a line begun but not yet ended
+    try:
+        while chunk := stream.read1(_GZIP_CHUNK):
+            cut = chunk.rfind(b"\n") + 1
+            if not cut:
+                pending.append(chunk)
+                continue
+            block = chunk[:cut]
+            if pending:
+                block = b"".join((*pending, block))
+                pending.clear()
+            if cut < len(chunk):
+                pending.append(chunk[cut:])
+            # BytesIO splits on b"\n" only, as file iteration does (bytes.splitlines would not).
+            for number, line in enumerate(io.BytesIO(block), number + 1):  # noqa: B007 (used below)
+                if line.strip():
+                    yield number, line
+    except (EOFError, gzip.BadGzipFile, zlib.error) as exc:
+        raise DataError(f"{name}: corrupt or truncated gzip stream after line {number} ({exc}); "
+                        "the index is incomplete") from None
+    tail = b"".join(pending)
+    if tail.strip():  # a last line without a final newline
+        yield number + 1, tail
 
 
 _scan_once = json.scanner.make_scanner(json.JSONDecoder())

@@ -30,6 +30,7 @@ from solar.train import checkpoint_io as io
 from solar.train.batch import collate
 from solar.train.distributed import CollectiveFailure, Dist
 from solar.train.faults import Fault
+from solar.train.metrics import observe_step
 from solar.train.schedule import lr_at
 from solar.train.setup import Parts, contract_of
 
@@ -246,19 +247,7 @@ class Loop:
                  "memory": memory_reading()}
         self.events.write("step", **event)
         self.last = {"step": step, "loss": mean, "grad_norm": norm, "step_seconds": seconds}
-        if self.metrics is not None:
-            m = self.metrics
-            m.step.set(step)
-            m.loss.labels(term=self.term).set(mean)
-            m.grad_norm.set(norm)
-            m.step_seconds.observe(seconds)
-            m.samples.inc(len(records) * d.dp_world)
-            m.tokens.inc(self.tokens_per_sample * len(records) * d.dp_world)
-            if self.peak_flops:  # model FLOPs of every clip of the step, shared by all GPUs
-                m.mfu.set(self.flops_per_clip * len(records) * d.dp_world / d.world / seconds / self.peak_flops)
-            if torch.cuda.is_available():
-                m.gpu_memory.labels(kind="allocated").set(torch.cuda.memory_allocated())
-                m.gpu_memory.labels(kind="peak").set(torch.cuda.max_memory_allocated())
+        observe_step(self, step=step, losses={self.term: mean}, grad_norm=norm, seconds=seconds, clips=len(records))
         return event
 
     @functools.cached_property

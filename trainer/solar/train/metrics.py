@@ -32,6 +32,40 @@ class TrainMetrics:
         self.server.shutdown()
 
 
+def gpu_memory() -> dict[str, int]:
+    """CUDA allocated and peak bytes of this process ({} without CUDA)."""
+    import torch
+
+    if not torch.cuda.is_available():
+        return {}
+    return {"allocated": torch.cuda.memory_allocated(), "peak": torch.cuda.max_memory_allocated()}
+
+
+def observe_step(loop, *, step: int, losses: dict[str, float], grad_norm: float, seconds: float,
+                 clips: int) -> None:
+    """The per-step series of every route (Stage0.5/1 ``Loop.step`` and Stage2's outer step); no-op
+    without ``loop.metrics``. ``clips``: the clips this rank's logical DP rank consumed in the step
+    (every role's batches for Stage2); counters and MFU count them over all logical DP ranks. MFU
+    prices a clip at one forward+backward (``Loop.flops_per_clip``), so Stage2's extra rollout,
+    teacher and critic forwards make it a lower bound there."""
+    m = loop.metrics
+    if m is None:
+        return
+    d = loop.dist
+    m.step.set(step)
+    for term, value in losses.items():
+        m.loss.labels(term=term).set(value)
+    m.grad_norm.set(grad_norm)
+    m.step_seconds.observe(seconds)
+    consumed = clips * d.dp_world
+    m.samples.inc(consumed)
+    m.tokens.inc(loop.tokens_per_sample * consumed)
+    if loop.peak_flops and seconds > 0:  # model FLOPs of every clip of the step, shared by all GPUs
+        m.mfu.set(loop.flops_per_clip * consumed / d.world / seconds / loop.peak_flops)
+    for kind, value in gpu_memory().items():
+        m.gpu_memory.labels(kind=kind).set(value)
+
+
 def maybe_start(rank: int) -> TrainMetrics | None:
     wanted = "SOLAR_METRICS_PORT" in os.environ or "KUBERNETES_SERVICE_HOST" in os.environ
     return TrainMetrics() if rank == 0 and wanted else None

@@ -21,19 +21,47 @@ def blocks_of(model: torch.nn.Module) -> torch.nn.ModuleList:
     raise ValueError(f"{type(model).__name__} has no block list")
 
 
-def apply_activation_checkpointing(model: torch.nn.Module) -> int:
-    """Recompute each block in backward (non-reentrant); parameter names are unchanged."""
+# Attention kernels whose outputs the ``save_attention`` policy keeps (the most expensive part of a
+# long-sequence block to recompute; its output is one [B, H, S, D] tensor per block).
+_ATTENTION_OPS = ("_scaled_dot_product_flash_attention", "_scaled_dot_product_cudnn_attention",
+                  "_scaled_dot_product_efficient_attention", "_scaled_dot_product_flash_attention_for_cpu")
+
+
+def _save_attention_context():
+    from torch.utils.checkpoint import CheckpointPolicy, create_selective_checkpoint_contexts
+
+    ops = {getattr(torch.ops.aten, name).default for name in _ATTENTION_OPS if hasattr(torch.ops.aten, name)}
+
+    def policy(ctx, op, *args, **kwargs):
+        return CheckpointPolicy.MUST_SAVE if op in ops else CheckpointPolicy.PREFER_RECOMPUTE
+
+    return create_selective_checkpoint_contexts(policy)
+
+
+def apply_activation_checkpointing(model: torch.nn.Module, *, policy: str = "full", skip_blocks: int = 0) -> int:
+    """Recompute block activations in backward (non-reentrant); parameter names are unchanged.
+    ``policy`` ``full`` recomputes the whole block, ``save_attention`` keeps the attention kernels'
+    outputs and recomputes the rest; the last ``skip_blocks`` blocks keep every activation (memory
+    for speed). Returns the number of checkpointed blocks."""
+    import functools
+
+    if policy not in ("full", "save_attention"):
+        raise ValueError(f"activation checkpointing policy {policy!r}: use full or save_attention")
     blocks = blocks_of(model)
-    for block in blocks:
+    wrapped = blocks[: max(len(blocks) - skip_blocks, 0)]
+    options = {"use_reentrant": False}
+    if policy == "save_attention":
+        options["context_fn"] = _save_attention_context
+    for block in wrapped:
         inner = block.forward
 
         def forward(*args, _inner=inner, **kwargs):
             if not torch.is_grad_enabled():
                 return _inner(*args, **kwargs)
-            return checkpoint(_inner, *args, use_reentrant=False, **kwargs)
+            return checkpoint(functools.partial(_inner, **kwargs), *args, **options)
 
         block.forward = forward
-    return len(blocks)
+    return len(wrapped)
 
 
 def apply_compile(model: torch.nn.Module) -> int:

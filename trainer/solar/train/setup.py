@@ -61,6 +61,15 @@ def _load_base(model, family: str, path: str) -> None:
     load_into(model, {**tensors, **lora}, init_delta_from_time=True, where=f"model.pretrained_path {path}")
 
 
+def require_base(cfg, path, manifest: dict, where: str = "checkpoint.path") -> None:
+    """An adapter-only (LoRA) checkpoint is only half a model: refuse it without the base it was
+    trained on, instead of silently putting the adapters on a random initialisation."""
+    state = manifest.get("trainer_state", {})
+    if state.get("adapter_only") and not cfg.model.pretrained_path:
+        raise CheckpointError(f"{where} {path} holds LoRA adapters only (trained on the base "
+                              f"{state.get('base')}); set model.pretrained_path to that base")
+
+
 def preflight_sources(resolved: Resolved) -> None:
     """Every weight source the launch reads is verified and compatible, before anything is written."""
     cfg, route = resolved.config, resolved.route
@@ -68,12 +77,14 @@ def preflight_sources(resolved: Resolved) -> None:
     if ck.mode == "roles":
         from solar.train.stage2 import check_roles
 
-        check_roles(cfg, route)
+        for role, manifest in check_roles(cfg, route).items():
+            require_base(cfg, getattr(ck.roles, role).path, manifest, f"checkpoint.roles.{role}.path")
     elif ck.mode == "weights_only" or (ck.mode == "full_resume" and route.stage != "stage2"):
         manifest = require_valid(ck.path, "checkpoint.path")
         problem = source_problem(route, manifest.get("contract", {}), cfg, resume=ck.mode == "full_resume")
         if problem:
             raise CheckpointError(f"checkpoint.path {ck.path} cannot initialise this run: {problem}")
+        require_base(cfg, ck.path, manifest)
 
 
 def build_parts(resolved: Resolved, rank: int, device: torch.device, *, world: int = 1, local_world: int = 1,
@@ -87,6 +98,7 @@ def build_parts(resolved: Resolved, rank: int, device: torch.device, *, world: i
         problem = source_problem(route, source_manifest.get("contract", {}), cfg, resume=ck.mode == "full_resume")
         if problem:
             raise CheckpointError(f"checkpoint.path {ck.path} cannot initialise this run: {problem}")
+        require_base(cfg, ck.path, source_manifest)
     torch.manual_seed(cfg.train.seed)  # the same random init on every rank
     random.seed(cfg.train.seed * 1_000_003 + rank)  # Python's RNG would otherwise start from OS entropy
     model = model_from_config(cfg, device="cpu")
@@ -108,7 +120,8 @@ def build_parts(resolved: Resolved, rank: int, device: torch.device, *, world: i
     from solar.train import parallelize
 
     if cfg.distributed.activation_checkpointing:
-        parallelize.apply_activation_checkpointing(model)
+        parallelize.apply_activation_checkpointing(model, policy=cfg.distributed.activation_checkpointing_policy,
+                                                   skip_blocks=cfg.distributed.activation_checkpointing_skip_blocks)
     if cfg.runtime.compile and device.type == "cuda":  # on CPU the eager blocks are what the tests compare
         parallelize.apply_compile(model)
     sharded = cfg.distributed.sharding != "none" and world > 1

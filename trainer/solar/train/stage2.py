@@ -187,7 +187,9 @@ def build_stage2(resolved, rank: int, device: torch.device, *, world: int = 1, s
         from solar.train import parallelize
 
         for role in ("student", "critic"):
-            parallelize.apply_activation_checkpointing(models[role])
+            parallelize.apply_activation_checkpointing(
+                models[role], policy=cfg.distributed.activation_checkpointing_policy,
+                skip_blocks=cfg.distributed.activation_checkpointing_skip_blocks)
     student = _role(models["student"], cfg.train.optimizer)
     critic = _role(models["critic"], cfg.train.sgf.critic_optimizer or cfg.train.optimizer)
     e = cfg.train.ema
@@ -484,13 +486,9 @@ class Stage2:
         loop.events.write("step", **event)
         loop.last = {"step": step, "loss": mean, "grad_norm": norm, "step_seconds": seconds,
                      "student_step": self.student_step}
-        if loop.metrics is not None:
-            m = loop.metrics
-            m.step.set(step)
-            for term, value in losses.items():
-                m.loss.labels(term=term).set(value)
-            m.grad_norm.set(norm)
-            m.step_seconds.observe(seconds)
+        from solar.train.metrics import observe_step
+
+        observe_step(loop, step=step, losses=losses, grad_norm=norm, seconds=seconds, clips=len(records))
         return event
 
     # --- checkpoints -------------------------------------------------------------------------
