@@ -2,7 +2,7 @@
 moments; after each kill every step_NNNNNNNN directory must verify, no partial (even one holding
 COMPLETE.json, killed just before its rename) may be listed as complete, and a full resume from the newest valid checkpoint must run. Prints JSON.
 
-    python bench/crash/crash_consistency.py [--trials 30] [--seed 0] [--workdir /tmp/solar-crash]
+    python bench/crash/crash_consistency.py [--trials 30] [--seed 0] [--workdir /tmp/solar-crash] [--async-checkpoint]
 """
 
 from __future__ import annotations
@@ -32,10 +32,12 @@ def solar(*args: str, **kw) -> subprocess.Popen:
                             stderr=subprocess.PIPE, text=True, **kw)
 
 
-def trial(index: int, work: Path, data: Path, rng: random.Random) -> dict:
+def trial(index: int, work: Path, data: Path, rng: random.Random, background: bool = False) -> dict:
     out = work / f"run-{index:03d}"
     sets = ["--set", f"data.root={data}", "--set", f"runtime.output_dir={out}", "--set", "train.max_steps=100000",
             "--set", "runtime.save_every=1", "--set", "runtime.log_every=100000"]
+    if background:  # saves written by a background thread, committed at a later step
+        sets += ["--set", "runtime.async_checkpoint=true"]
     proc = solar("train", "--config", str(CONFIG), *sets)
     events = out / "events" / "rank-00000.jsonl"
     deadline = time.monotonic() + 120
@@ -82,6 +84,7 @@ def main() -> None:
     parser.add_argument("--trials", type=int, default=30)
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--workdir", default="/tmp/solar-crash")
+    parser.add_argument("--async-checkpoint", action="store_true", help="runtime.async_checkpoint=true")
     args = parser.parse_args()
     work = Path(args.workdir)
     shutil.rmtree(work, ignore_errors=True)
@@ -91,9 +94,10 @@ def main() -> None:
     synthesize("wan22_ti2v_5b", work / "data", samples=4, seed=0)
     rng = random.Random(args.seed)
     started = time.time()
-    trials = [trial(i, work, work / "data", rng) for i in range(args.trials)]
+    trials = [trial(i, work, work / "data", rng, args.async_checkpoint) for i in range(args.trials)]
     failures = [t for t in trials if t["problems"]]
     print(json.dumps({"benchmark": "checkpoint crash consistency (SIGKILL)", "date": time.strftime("%Y-%m-%d"),
+                      "async_checkpoint": args.async_checkpoint,
                       "trials": len(trials), "failures": len(failures),
                       "trials_with_partial_left": sum(1 for t in trials if t["partials"]),
                       "partials_with_complete_marker": sum(t["partials_with_complete_marker"] for t in trials),

@@ -132,6 +132,9 @@ def check_source(cfg, route) -> tuple[dict, str | None]:
         if saved.get(key) != expected:
             raise CheckpointError(f"checkpoint.path {path}: its {key} is {saved.get(key)!r}; this inference "
                                   f"route ({route.key}) needs {expected!r}")
+    from solar.train.setup import require_base
+
+    require_base(cfg, path, manifest)
     return manifest, cfg.checkpoint.weights or release_default(path)
 
 

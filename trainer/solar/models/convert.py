@@ -54,7 +54,12 @@ class _MemorySource(TensorSource):
 def _official_ltx(source: TensorSource) -> TensorSource:
     from diffusers.loaders.single_file_utils import convert_ltx2_transformer_to_diffusers
 
-    return _MemorySource(convert_ltx2_transformer_to_diffusers({k: source.get(k) for k in source.names()}))
+    # The released single file also holds the video/audio VAEs, the vocoder and the text projection
+    # next to ``model.diffusion_model.*``: convert the transformer only (as diffusers' loader does).
+    names = source.names()
+    if any(k.startswith("model.diffusion_model.") for k in names):
+        names = [k for k in names if k.startswith("model.diffusion_model.")]
+    return _MemorySource(convert_ltx2_transformer_to_diffusers({k: source.get(k) for k in names}))
 
 
 def _official_h3(source: TensorSource, dims: Dims) -> TensorSource:
