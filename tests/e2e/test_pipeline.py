@@ -85,6 +85,27 @@ def test_wan_stages_load_each_other_and_validate(wan):
     assert trainer["student_step"] == 2 and trainer["teacher"]["path"].endswith("stage0p5/checkpoints/step_00000004")
 
 
+@pytest.mark.parametrize("stage, config, validated_pass", [
+    ("stage0p5", "infer_stage0p5_fm_81f.yaml", "ema-unipc"),
+    ("stage1", "infer_stage1_tf_anyflow_81f.yaml", "ema-flowmap4"),
+])
+def test_stage0p5_and_stage1_inference_reproduce_validation(stage, config, validated_pass, wan, tmp_path):
+    """The example infer configs of the earlier stages on their checkpoints: the same frames as the
+    training run's validation of the same weights (UniPC; Stage1's 4-step flow map with the KV cache)."""
+    from solar.infer.video import read_frames
+
+    out = tmp_path / "infer"
+    _ok(_infer(WAN / config, [f"data.root={wan['data']}", f"runtime.output_dir={out}",
+                              f"checkpoint.path={wan[stage]}/checkpoints/step_00000004"]))
+    _complete(out / "generation")
+    made_pass = "model-" + validated_pass.split("-", 1)[1]
+    for slot in (0, 1):
+        made = read_frames(out / "generation" / made_pass / f"slot_{slot:06d}" / "generated.mp4")
+        seen = read_frames(wan[stage] / "validation" / "step_00000004" / validated_pass / f"slot_{slot:06d}" /
+                           "generated.mp4")
+        assert (made == seen).all()
+
+
 def test_stage2_cadence_and_ema_counting(wan):
     events = steps(wan["stage2"])  # both launches append to the same event log
     by_step = {e["step"]: e for e in events}
@@ -196,6 +217,9 @@ def test_h3_pipeline_under_torchrun(tmp_path):
         data, s1, "checkpoint.mode=weights_only", f"checkpoint.path={s05}/checkpoints/step_00000002",
         "checkpoint.weights=ema", "train.max_steps=2", "runtime.save_every=2", "runtime.validate_every=2"), nproc=2))
     _complete(s1 / "validation" / "step_00000002")
+    _ok(_infer(H3 / "infer_stage1_tf_anyflow_158f.yaml", [f"data.root={data}", f"runtime.output_dir={tmp_path}/infer1",
+                                                          f"checkpoint.path={s1}/checkpoints/step_00000002"]))
+    _complete(tmp_path / "infer1" / "generation")
     _ok(train(H3 / "train_stage2_sgf_158f.yaml", _sets(
         data, s2, "checkpoint.mode=roles", _roles(f"{s1}/checkpoints/step_00000002", f"{s05}/checkpoints/step_00000002"),
         "train.max_steps=6", "runtime.save_every=6", "runtime.validate_every=6", "runtime.validation_steps=[]"), nproc=4))
