@@ -53,10 +53,11 @@ def test_tiny_stage0p5_under_torchrun_learns(family, data, tmp_path):
     assert steps(out, rank=1)[0]["loss_mean"] == losses[0]  # every rank agrees on the mean
 
 
-@pytest.mark.parametrize("sharding, saving", [("none", "sync"), ("full_shard", "sync"), ("none", "async")])
+@pytest.mark.parametrize("sharding, saving", [("full_shard", "sync"), ("none", "async")])
 def test_resume_is_bitwise_exact(sharding, saving, data, tmp_path):
     """The interrupted run saves in the background when ``saving`` is async (with one more save at step
-    2, committed while training goes on); its checkpoints equal the synchronous run's byte for byte."""
+    2, committed while training goes on); its checkpoints equal the uninterrupted run's synchronous
+    ones byte for byte. (A synchronous unsharded resume is exercised by the SIGTERM and solar-run tests.)"""
     base = _sets(data["wan22_ti2v_5b"], "{out}", "distributed.world_size=2", "train.global_batch_size=2",
                  "train.max_steps=6", "runtime.save_every=0", "data.random_start=true", "data.shuffle_buffer=2",
                  f"distributed.sharding={sharding}",

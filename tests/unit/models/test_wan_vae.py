@@ -23,7 +23,7 @@ def test_decode_matches_diffusers(name, channels):
 @pytest.mark.slow
 def test_240_latents_decode_in_60_latent_tiles_through_one_cache(monkeypatch):
     vae = build_vae("wan2.2", seed=1)
-    z = torch.randn(1, 48, 240, 4, 6, generator=torch.Generator().manual_seed(1))
+    z = torch.randn(1, 48, 240, 2, 2, generator=torch.Generator().manual_seed(1))
     clears = []
     original = vae.clear_cache
     monkeypatch.setattr(vae, "clear_cache", lambda: (clears.append(1), original())[1])

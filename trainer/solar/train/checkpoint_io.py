@@ -183,10 +183,6 @@ def trainer_file(state: dict) -> dict[str, bytes]:
     return {"trainer.json": json.dumps(state, sort_keys=True).encode()}
 
 
-def write_trainer(partial: Path, state: dict) -> None:
-    for rel, data in trainer_file(state).items():
-        write_bytes(partial / rel, data)
-
 
 def rng_state() -> dict:
     py = random.getstate()
