@@ -16,7 +16,7 @@ from solar.config.canonical import blake2s_hex
 from solar.data.synth import synthesize
 from solar.infer.video import read_frames
 from tests.conftest import CONFIGS, REPO
-from tests.e2e.helpers import TINY, env, result, steps, train
+from tests.e2e.helpers import TINY, env, infer, result, steps, train
 
 pytestmark = pytest.mark.slow
 
@@ -62,10 +62,7 @@ def _sets(data_root, out, base_path, *extra):
 
 
 def _infer(sets: list[str]):
-    args = [sys.executable, "-m", "solar", "infer", "--config", str(INFER)]
-    for item in sets:
-        args += ["--set", item]
-    return subprocess.run(args, cwd=REPO, env=env(), capture_output=True, text=True, timeout=300)
+    return infer(INFER, sets)
 
 
 @pytest.fixture(scope="module")

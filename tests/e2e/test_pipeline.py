@@ -5,14 +5,12 @@ from __future__ import annotations
 
 import json
 import shutil
-import subprocess
-import sys
 
 import pytest
 
 from solar.data.synth import synthesize
-from tests.conftest import CONFIGS, REPO
-from tests.e2e.helpers import env, result, steps, train
+from tests.conftest import CONFIGS
+from tests.e2e.helpers import infer, result, steps, train
 
 pytestmark = pytest.mark.slow
 
@@ -27,13 +25,6 @@ def _sets(data, out, *extra):
 def _roles(student, teacher, weights=("ema", "ema")):
     return (f"checkpoint.roles={{student: {{path: {student}, weights: {weights[0]}}}, "
             f"teacher: {{path: {teacher}, weights: {weights[1]}}}, critic: {{path: {teacher}, weights: {weights[1]}}}}}")
-
-
-def _infer(config, sets):
-    args = [sys.executable, "-m", "solar", "infer", "--config", str(config)]
-    for item in sets:
-        args += ["--set", item]
-    return subprocess.run(args, cwd=REPO, env=env(), capture_output=True, text=True, timeout=600)
 
 
 def _complete(root):
@@ -95,7 +86,7 @@ def test_stage0p5_and_stage1_inference_reproduce_validation(stage, config, valid
     from solar.infer.video import read_frames
 
     out = tmp_path / "infer"
-    _ok(_infer(WAN / config, [f"data.root={wan['data']}", f"runtime.output_dir={out}",
+    _ok(infer(WAN / config, [f"data.root={wan['data']}", f"runtime.output_dir={out}",
                               f"checkpoint.path={wan[stage]}/checkpoints/step_00000004"]))
     _complete(out / "generation")
     made_pass = "model-" + validated_pass.split("-", 1)[1]
@@ -134,7 +125,7 @@ def test_stage2_resume_is_exact(wan, tmp_path):
 def test_stage2_inference_fixed_and_camera_length(wan, tmp_path):
     ckpt = wan["stage2"] / "checkpoints" / "step_00000012"
     out = tmp_path / "fixed"
-    _ok(_infer(WAN / "infer_stage2_sgf_81f.yaml", [f"data.root={wan['data']}", f"runtime.output_dir={out}",
+    _ok(infer(WAN / "infer_stage2_sgf_81f.yaml", [f"data.root={wan['data']}", f"runtime.output_dir={out}",
                                                    f"checkpoint.path={ckpt}"]))
     _complete(out / "generation")
     from solar.infer.video import read_frames
@@ -148,7 +139,7 @@ def test_stage2_inference_fixed_and_camera_length(wan, tmp_path):
     (package / "release-manifest.json").write_text(json.dumps(
         {"schema": "solar.release.v1", "load": {"default_weights": "ema"}, "identity": {"name": "tiny"}}))
     out = tmp_path / "camera"
-    _ok(_infer(WAN / "infer_stage2_sgf_camera_length.yaml", [f"data.root={wan['data']}", f"runtime.output_dir={out}",
+    _ok(infer(WAN / "infer_stage2_sgf_camera_length.yaml", [f"data.root={wan['data']}", f"runtime.output_dir={out}",
                                                              f"checkpoint.path={package}"]))
     _complete(out / "generation")
     for slot in (0, 1):
@@ -217,7 +208,7 @@ def test_h3_pipeline_under_torchrun(tmp_path):
         data, s1, "checkpoint.mode=weights_only", f"checkpoint.path={s05}/checkpoints/step_00000002",
         "checkpoint.weights=ema", "train.max_steps=2", "runtime.save_every=2", "runtime.validate_every=2"), nproc=2))
     _complete(s1 / "validation" / "step_00000002")
-    _ok(_infer(H3 / "infer_stage1_tf_anyflow_158f.yaml", [f"data.root={data}", f"runtime.output_dir={tmp_path}/infer1",
+    _ok(infer(H3 / "infer_stage1_tf_anyflow_158f.yaml", [f"data.root={data}", f"runtime.output_dir={tmp_path}/infer1",
                                                           f"checkpoint.path={s1}/checkpoints/step_00000002"]))
     _complete(tmp_path / "infer1" / "generation")
     _ok(train(H3 / "train_stage2_sgf_158f.yaml", _sets(
@@ -230,6 +221,6 @@ def test_h3_pipeline_under_torchrun(tmp_path):
                    .read_text())
     assert m["rollout_latents"] == 50 and m["frames"] == 158  # 50 latents rolled out, 47 decoded
     out = tmp_path / "infer"
-    _ok(_infer(H3 / "infer_stage2_sgf_158f.yaml", [f"data.root={data}", f"runtime.output_dir={out}",
+    _ok(infer(H3 / "infer_stage2_sgf_158f.yaml", [f"data.root={data}", f"runtime.output_dir={out}",
                                                    f"checkpoint.path={s2}/checkpoints/step_00000006"]))
     _complete(out / "generation")

@@ -4,16 +4,14 @@ from __future__ import annotations
 
 import gzip
 import json
-import subprocess
-import sys
 
 import pytest
 
 from solar.config.canonical import blake2s_hex
 from solar.data.synth import synthesize
 from solar.infer.video import read_frames
-from tests.conftest import CONFIGS, REPO
-from tests.e2e.helpers import TINY, env, result, train
+from tests.conftest import CONFIGS
+from tests.e2e.helpers import TINY, infer, result, train
 
 pytestmark = pytest.mark.slow
 
@@ -35,10 +33,7 @@ def _sets(data_root, out, *extra):
 
 
 def _infer(sets: list[str]):
-    args = [sys.executable, "-m", "solar", "infer", "--config", str(INFER)]
-    for item in sets:
-        args += ["--set", item]
-    return subprocess.run(args, cwd=REPO, env=env(), capture_output=True, text=True, timeout=300)
+    return infer(INFER, sets)
 
 
 def _manifest(root, pass_name, slot):
