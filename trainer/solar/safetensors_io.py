@@ -24,17 +24,16 @@ _DTYPES = {
 }
 
 
-def tensor_buffer(tensor: torch.Tensor):
-    """The tensor's little-endian bytes as a buffer (no copy for a contiguous CPU tensor)."""
+def tensor_buffer(tensor: torch.Tensor) -> memoryview:
+    """The tensor's little-endian bytes (no copy for a contiguous CPU tensor)."""
     flat = tensor.detach().to("cpu").contiguous().reshape(-1)
     if sys.byteorder != "little":  # pragma: no cover - every supported platform is little-endian
         raise RuntimeError("big-endian hosts are not supported")
-    return flat.view(torch.uint8).numpy() if flat.numel() else b""
+    return memoryview(flat.view(torch.uint8).numpy()) if flat.numel() else memoryview(b"")
 
 
 def tensor_bytes(tensor: torch.Tensor) -> bytes:
-    buffer = tensor_buffer(tensor)
-    return buffer.tobytes() if not isinstance(buffer, bytes) else buffer
+    return bytes(tensor_buffer(tensor))
 
 
 def _header(specs: list[tuple[str, torch.dtype, tuple[int, ...]]], metadata: dict[str, str] | None) -> bytes:
@@ -77,5 +76,5 @@ def write_streaming(handle, specs: dict[str, tuple[torch.dtype, tuple[int, ...]]
             raise ValueError(f"tensor {name!r} changed dtype or shape while writing")
         data = tensor_buffer(tensor)
         handle.write(data)
-        written += len(data) if isinstance(data, bytes) else data.nbytes
+        written += data.nbytes
     return written

@@ -14,7 +14,6 @@ checkpoint.
 from __future__ import annotations
 
 import threading
-import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -46,10 +45,6 @@ class Staging:
         """Every copy issued so far has landed (device-to-host copies run asynchronously)."""
         if self.cuda:
             torch.cuda.synchronize()
-
-    @property
-    def bytes(self) -> int:
-        return sum(b.numel() * b.element_size() for b in self.buffers.values())
 
 
 @dataclass
@@ -97,7 +92,6 @@ class BackgroundWrite:
         except BaseException as exc:  # noqa: BLE001 - reported on the training thread by finish()
             self.error = (f"checkpoint step {self.capture.step}: writing {self.capture.partial} failed: "
                           f"{type(exc).__name__}: {exc}")
-        self.finished = time.perf_counter()
 
     def done(self) -> bool:
         return not self.thread.is_alive()
