@@ -14,7 +14,7 @@ from safetensors.torch import load_file
 from solar.config import families
 from solar.config.canonical import blake2s_hex
 from solar.data.synth import synthesize
-from solar.infer.video import read_frames
+from solar.generation.video import read_frames
 from tests.conftest import CONFIGS, REPO
 from tests.e2e.helpers import TINY, env, infer, result, steps, train
 
@@ -185,7 +185,8 @@ def test_stage2_roles_from_adapter_checkpoints_need_the_base(tmp_path):
     from solar.config.resolve import resolve_file
     from solar.storage import checkpoints as ckpt
     from solar.storage.checkpoints import CheckpointError
-    from solar.train.setup import contract_of, preflight_sources
+    from solar.train.setup import contract_of
+    from solar.train.sources import preflight_sources
 
     h3 = CONFIGS / "tiny" / "minimax_h3"
     common = ["data.root=/data", "runtime.output_dir=/out"]

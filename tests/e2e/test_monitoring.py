@@ -190,9 +190,11 @@ def test_prometheus_scrapes_the_operator_and_a_trainer(cluster, operator, traine
                                             "pod": "tiny-wan-fm-master-0"}}]},
         ],
     })
+    # rates need two scrapes of each target: the dashboard's operator panels read rates too
     wait_for(lambda: len(_query(base, 'solar_train_step{job="solar-trainer"} > 2')) == 1
-             and _query(base, 'rate(solar_train_samples_total[5s]) > 0') or None,
-             timeout=120, message="prometheus to have scraped several steps")
+             and _query(base, 'rate(solar_train_samples_total[5s]) > 0')
+             and _query(base, 'rate(solar_operator_reconcile_total[30s])') or None,
+             timeout=120, message="prometheus to have scraped several steps and the operator twice")
     up = {r["metric"]["job"]: r["value"][1] for r in _query(base, "up")}
     assert up == {"solar-operator": "1", "solar-trainer": "1"}
     phase = _query(base, 'solar_run_phase{job="solar-operator"}')

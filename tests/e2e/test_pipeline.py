@@ -83,7 +83,7 @@ def test_wan_stages_load_each_other_and_validate(wan):
 def test_stage0p5_and_stage1_inference_reproduce_validation(stage, config, validated_pass, wan, tmp_path):
     """The example infer configs of the earlier stages on their checkpoints: the same frames as the
     training run's validation of the same weights (UniPC; Stage1's 4-step flow map with the KV cache)."""
-    from solar.infer.video import read_frames
+    from solar.generation.video import read_frames
 
     out = tmp_path / "infer"
     _ok(infer(WAN / config, [f"data.root={wan['data']}", f"runtime.output_dir={out}",
@@ -128,7 +128,7 @@ def test_stage2_inference_fixed_and_camera_length(wan, tmp_path):
     _ok(infer(WAN / "infer_stage2_sgf_81f.yaml", [f"data.root={wan['data']}", f"runtime.output_dir={out}",
                                                    f"checkpoint.path={ckpt}"]))
     _complete(out / "generation")
-    from solar.infer.video import read_frames
+    from solar.generation.video import read_frames
 
     made = read_frames(out / "generation" / "model-self-forcing4" / "slot_000000" / "generated.mp4")
     seen = read_frames(wan["stage2"] / "validation" / "step_00000012" / "ema-self-forcing4" / "slot_000000" /

@@ -9,7 +9,7 @@ import pytest
 
 from solar.config.canonical import blake2s_hex
 from solar.data.synth import synthesize
-from solar.infer.video import read_frames
+from solar.generation.video import read_frames
 from tests.conftest import CONFIGS
 from tests.e2e.helpers import TINY, infer, result, train
 

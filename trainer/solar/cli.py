@@ -184,7 +184,7 @@ def cmd_model_info(args: argparse.Namespace) -> int:
 
 
 def cmd_model_convert(args: argparse.Namespace) -> int:
-    from solar.models.registry import convert
+    from solar.models.convert import convert
 
     document = convert(args.family, args.source_format, args.src, args.out,
                        progress=lambda msg: print(msg, file=sys.stderr))

@@ -14,8 +14,9 @@ from safetensors.torch import save_file
 from solar.config.resolve import resolve_file
 from solar.storage import checkpoints as ckpt
 from solar.storage.checkpoints import CheckpointError
-from solar.train.setup import contract_of, preflight_sources
-from solar.train.stage2 import build_stage2, check_roles
+from solar.train.setup import contract_of
+from solar.train.sources import check_roles, preflight_sources
+from solar.train.stage2 import build_stage2
 from tests.conftest import CONFIGS
 from tests.unit.config.refusal import refused_line
 

@@ -8,9 +8,9 @@ from types import SimpleNamespace
 import pytest
 import torch
 
-from solar.infer.autoregressive import rollout_cameras, sample_autoregressive
+from solar.generation.autoregressive import rollout_cameras, sample_autoregressive
+from solar.launch.batch import Batch
 from solar.objectives.fm import noisy_h3, sample_h3_times
-from solar.train.batch import Batch
 from tests.unit.models.family_helpers import H3_DIMS, h3_ours
 from tests.unit.models.wan_helpers import TI2V, dims, moving_cameras, ours, randomize
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from solar.infer import solvers
+from solar.generation import solvers
 
 
 def _linear_flow(solver, x0, eps, *, reversed_time):

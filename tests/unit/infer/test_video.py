@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from solar.infer import video
+from solar.generation import video
 
 
 def _frames(seed: int, frames=17, h=32, w=48, grain=0.0):

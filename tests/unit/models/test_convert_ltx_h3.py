@@ -10,10 +10,16 @@ import pytest
 import torch
 from safetensors.torch import load_file, save_file
 
-from solar.models.registry import convert
+from solar.models.convert import convert
 from solar.models.weights import WeightsError, iter_solar_tensors, load_solar, read_solar_manifest
 from tests.unit.models.family_helpers import (
-    H3_DIMS, LTX25_DIFFUSERS, h3_ours, h3_reference, ltx_dims, ltx_ours, ltx_reference,
+    H3_DIMS,
+    LTX25_DIFFUSERS,
+    h3_ours,
+    h3_reference,
+    ltx_dims,
+    ltx_ours,
+    ltx_reference,
 )
 
 

@@ -7,12 +7,20 @@ import json
 import pytest
 import torch
 
+from solar.models.convert import convert
 from solar.models.h3 import layout as L
-from solar.models.registry import convert
 from solar.models.weights import load_solar
 from tests.unit.models.family_helpers import (
-    H3_DIMS, LTX20_DIFFUSERS, LTX20_OURS, LTX25_DIFFUSERS, h3_ours, h3_reference, ltx_dims, ltx_ours,
-    ltx_reference, randomize,
+    H3_DIMS,
+    LTX20_DIFFUSERS,
+    LTX20_OURS,
+    LTX25_DIFFUSERS,
+    h3_ours,
+    h3_reference,
+    ltx_dims,
+    ltx_ours,
+    ltx_reference,
+    randomize,
 )
 from tests.unit.models.wan_helpers import moving_cameras
 

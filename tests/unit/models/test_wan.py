@@ -9,10 +9,9 @@ import pytest
 import torch
 
 from solar.models.attention import CLEAN, NOISY, PAD, TokenMask, teacher_forcing_mask
-from solar.models.registry import convert, info
+from solar.models.convert import convert
 from solar.models.weights import WeightsError, load_solar
 from tests.unit.models.wan_helpers import A14B, TI2V, dims, moving_cameras, ours, randomize, reference
-
 
 
 @pytest.fixture(autouse=True)

@@ -13,9 +13,9 @@ import pytest
 import torch
 
 from solar.config.resolve import resolve_file
+from solar.launch.batch import Batch
 from solar.models.registry import model_from_config
 from solar.objectives import fm
-from solar.train.batch import Batch
 from solar.train.fm_step import fm_loss
 from tests.conftest import CONFIGS
 

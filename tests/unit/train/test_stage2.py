@@ -7,8 +7,8 @@ import pytest
 import torch
 
 from solar.config.resolve import resolve_file
+from solar.launch.batch import Batch
 from solar.models.registry import model_from_config
-from solar.train.batch import Batch
 from solar.train.stage2 import Role, Stage2, _role
 from tests.conftest import CONFIGS
 

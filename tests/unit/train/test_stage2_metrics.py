@@ -12,9 +12,9 @@ import torch
 from solar.config.contracts import effective_dims
 from solar.config.resolve import resolve_file
 from solar.data.synth import synthesize
+from solar.launch.distributed import Dist
 from solar.storage.run_dir import EventLog, Heartbeat
 from solar.train import metrics as train_metrics
-from solar.train.distributed import Dist
 from solar.train.engine import Loop
 from solar.train.flops import train_flops_per_clip
 from tests.conftest import CONFIGS

@@ -7,7 +7,7 @@ import pytest
 import torch.distributed
 
 from solar.errors import SolarError
-from solar.train import distributed
+from solar.launch import distributed
 
 
 @pytest.fixture

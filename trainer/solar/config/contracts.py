@@ -26,6 +26,7 @@ from solar.config.schema import (
     LoraBlock,
     RunConfig,
     SgfBlock,
+    validate_tree,
 )
 from solar.errors import ConfigError
 
@@ -224,8 +225,6 @@ def fill_defaults(cfg: RunConfig, route: Route) -> RunConfig:
         data["inference"] = data["inference"] or InferenceBlock().model_dump()
         if data["data"]["seed"] is None:
             data["data"]["seed"] = data["validation"]["noise_seed"]
-    from solar.config.resolve import validate_tree  # noqa: PLC0415 (avoid an import cycle)
-
     return validate_tree(data)
 
 

@@ -16,14 +16,11 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from pydantic import ValidationError
-
 from solar.config import contracts, loader, topology
 from solar.config.canonical import blake2s_hex, digest
 from solar.config.guards import placeholder_keys, reject_inline_credentials
-from solar.config.messages import format_validation_error
 from solar.config.routes import Route
-from solar.config.schema import RunConfig
+from solar.config.schema import RunConfig, validate_tree
 from solar.config.topology import Topology
 from solar.errors import ConfigError
 
@@ -56,13 +53,6 @@ class Resolved:
             "topology": self.topology.as_dict(),
             "config": self.config_dict,
         }
-
-
-def validate_tree(tree: dict[str, Any]) -> RunConfig:
-    try:
-        return RunConfig.model_validate(tree)
-    except ValidationError as exc:
-        raise ConfigError(format_validation_error(exc, RunConfig, tree)) from None
 
 
 def resolve_tree(tree: dict[str, Any], *, source: str, source_digest: str,

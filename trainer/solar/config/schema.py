@@ -10,9 +10,11 @@ from __future__ import annotations
 
 from typing import Annotated, Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, field_validator
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
 
 from solar.config.families import ALIASES
+from solar.config.messages import format_validation_error
+from solar.errors import ConfigError
 
 Name = Annotated[str, Field(pattern=r"^[a-z0-9]([a-z0-9_.-]{0,61}[a-z0-9])?$")]
 PassName = Annotated[str, Field(pattern=r"^[a-z0-9]([a-z0-9_-]{0,61}[a-z0-9])?$")]
@@ -320,3 +322,11 @@ class RunConfig(Block):
     inference: InferenceBlock | None = Field(None, description="Inference settings (action infer).")
     runtime: RuntimeBlock
     metadata: dict[str, Any] = Field(default_factory=dict, description="Free-form labels; not read.")
+
+
+def validate_tree(tree: dict[str, Any]) -> RunConfig:
+    """The run config a loaded (and expanded) tree describes; a schema error is one ConfigError line."""
+    try:
+        return RunConfig.model_validate(tree)
+    except ValidationError as exc:
+        raise ConfigError(format_validation_error(exc, RunConfig, tree)) from None

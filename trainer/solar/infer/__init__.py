@@ -1,1 +1,1 @@
-"""One generation path for periodic validation (inside ``solar train``) and ``solar infer``."""
+"""``solar infer``: a verified checkpoint's weights through the generation path into ``generation/``."""

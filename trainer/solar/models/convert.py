@@ -9,7 +9,6 @@ is checked against the Solar module built on the meta device before anything is 
 
 from __future__ import annotations
 
-import dataclasses
 import re
 from pathlib import Path
 
@@ -17,7 +16,10 @@ import torch
 
 from solar.config import families
 from solar.config.families import Dims
-from solar.models.weights import TensorSource, WeightsError, compare_keys, open_source
+from solar.errors import SolarError
+from solar.models.registry import canonical, dims_json, expected_shapes
+from solar.models.wan.convert import plan_conversion, read_config, resolve_source_dir
+from solar.models.weights import TensorSource, WeightsError, compare_keys, open_source, write_solar
 
 LTX_DROPPED = re.compile(r"^(audio_|av_cross_attn_|cross_attn_rope|cross_attn_audio_rope|prompt_adaln"
                          r"|transformer_blocks\.\d+\.(audio_|video_to_audio|audio_to_video|"
@@ -72,9 +74,6 @@ def _official_h3(source: TensorSource, dims: Dims) -> TensorSource:
 
 def plan(family: str, kind: str, src: str | Path):
     """(dims, source, {solar name: source name}, dropped names), all checked strictly."""
-    from solar.models.registry import expected_shapes
-    from solar.models.wan.convert import plan_conversion, read_config, resolve_source_dir
-
     if family in ("wan22_ti2v_5b", "wan22_i2v_a14b"):
         dims, source, mapping = plan_conversion(family, kind, src)
         return dims, source, mapping, []
@@ -101,5 +100,15 @@ def plan(family: str, kind: str, src: str | Path):
     return dims, source, mapping, dropped
 
 
-def dims_json(dims: Dims) -> dict:
-    return {k: list(v) if isinstance(v, tuple) else v for k, v in dataclasses.asdict(dims).items()}
+def convert(family: str, kind: str, src: str, out: str, progress=lambda _: None) -> dict:
+    """``solar model convert``: ``src`` (diffusers or official layout) into a new Solar directory ``out``."""
+    name = canonical(family)
+    if kind not in ("diffusers", "official"):
+        raise SolarError(f"--from {kind!r}: use diffusers or official")
+    dims, source, mapping, dropped = plan(name, kind, src)
+    specs = {target: source.shapes[origin] for target, origin in mapping.items()}
+    manifest = {"family": name, "dims": dims_json(dims),
+                "anyflow": any("delta_embedding." in k for k in specs),
+                "source": {"format": kind, "path": str(Path(src).resolve()),
+                           "dropped_tensors": len(dropped)}}
+    return write_solar(out, specs, lambda n: source.get(mapping[n]), manifest, progress)

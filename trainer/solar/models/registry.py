@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from pathlib import Path
+import dataclasses
 
 import torch
 
@@ -74,14 +74,16 @@ def model_from_config(cfg, *, device: str | torch.device = "meta") -> torch.nn.M
     return model
 
 
+def dims_json(dims: Dims) -> dict:
+    return {k: list(v) if isinstance(v, tuple) else v for k, v in dataclasses.asdict(dims).items()}
+
+
 def count_parameters(module: torch.nn.Module) -> int:
     return sum(p.numel() for p in module.parameters())
 
 
 def info(family: str, profile: str) -> dict:
     """Dims and parameter counts, counted on the meta device (nothing is allocated)."""
-    from solar.models.convert import dims_json
-
     name = canonical(family)
     spec = families.spec(name)
     dims = spec.dims(profile)
@@ -103,19 +105,3 @@ def info(family: str, profile: str) -> dict:
         apply_lora(model, name, rank=384, alpha=384.0, targets=["q", "k", "v", "o", "ffn"])
         result["lora_r384_trainable_parameters"] = trainable_parameters(model)
     return result
-
-
-def convert(family: str, kind: str, src: str, out: str, progress=lambda _: None) -> dict:
-    from solar.models.convert import dims_json, plan
-    from solar.models.weights import write_solar
-
-    name = canonical(family)
-    if kind not in ("diffusers", "official"):
-        raise SolarError(f"--from {kind!r}: use diffusers or official")
-    dims, source, mapping, dropped = plan(name, kind, src)
-    specs = {target: source.shapes[origin] for target, origin in mapping.items()}
-    manifest = {"family": name, "dims": dims_json(dims),
-                "anyflow": any("delta_embedding." in k for k in specs),
-                "source": {"format": kind, "path": str(Path(src).resolve()),
-                           "dropped_tensors": len(dropped)}}
-    return write_solar(out, specs, lambda n: source.get(mapping[n]), manifest, progress)

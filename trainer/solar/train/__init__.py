@@ -1,1 +1,2 @@
-"""The training engine: launch, distributed context, step loop, checkpoints, EMA, run files."""
+"""``solar train``: building a run (model, init mode, parallelism, optimizer, EMA, stream), the step
+loop, the route objectives, Stage2's three roles, checkpoint I/O and training metrics."""

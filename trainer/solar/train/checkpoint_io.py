@@ -63,7 +63,9 @@ def snapshot(model: torch.nn.Module, optimizer: torch.optim.Optimizer, names: li
     ``sharded``: call on every rank."""
     if sharded:
         from torch.distributed.checkpoint.state_dict import (
-            StateDictOptions, get_model_state_dict, get_optimizer_state_dict,
+            StateDictOptions,
+            get_model_state_dict,
+            get_optimizer_state_dict,
         )
 
         options = StateDictOptions(full_state_dict=True, cpu_offload=True)
@@ -122,21 +124,6 @@ def shard_like(tensors: dict[str, torch.Tensor], params: dict[str, torch.nn.Para
         else:
             out[name] = value
     return out
-
-
-def load_weights(path: Path, role: str, which: str) -> dict[str, torch.Tensor]:
-    """``which`` live or ema: live weights, with the EMA shadow laid over them for ema."""
-    live_path = path / role / "live.safetensors"
-    if not live_path.is_file():
-        raise CheckpointError(f"{path} has no {role} weights ({role}/live.safetensors)")
-    tensors = load_file(live_path)
-    if which == "ema":
-        ema_path = path / role / "ema.safetensors"
-        if not ema_path.is_file():
-            raise CheckpointError(f"{path} has no {role} EMA weights; use weights: live")
-        for name, value in load_file(ema_path).items():
-            tensors[name] = value.to(tensors[name].dtype) if name in tensors else value
-    return tensors
 
 
 def load_optimizer(path: Path, role: str, optimizer: torch.optim.Optimizer, names: list[str],

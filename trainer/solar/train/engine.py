@@ -12,7 +12,6 @@ from __future__ import annotations
 import functools
 import json
 import math
-import re
 import signal
 import sys
 import time
@@ -24,12 +23,14 @@ import torch
 
 from solar.config.resolve import Resolved
 from solar.errors import SolarError
+from solar.launch.batch import collate
+from solar.launch.distributed import CollectiveFailure, Dist
+from solar.launch.errors import describe, error_type_of
 from solar.storage import checkpoints as ckpt
 from solar.storage.run_dir import EventLog, Heartbeat
 from solar.train import checkpoint_io as io
-from solar.train.batch import collate
-from solar.train.distributed import CollectiveFailure, Dist
 from solar.train.faults import Fault
+from solar.train.gradients import sync_and_clip
 from solar.train.metrics import observe_step
 from solar.train.schedule import lr_at
 from solar.train.setup import Parts, contract_of
@@ -44,23 +45,6 @@ def memory_reading() -> dict:
         out.update(cuda_allocated_bytes=torch.cuda.memory_allocated(), cuda_peak_bytes=torch.cuda.max_memory_allocated(),
                    cuda_reserved_bytes=torch.cuda.memory_reserved())
     return out
-
-
-def _describe(exc: BaseException) -> str:
-    name = type(exc).__name__
-    return str(exc) if str(exc).startswith(name) else f"{name}: {exc}"
-
-
-def error_type_of(exc: BaseException) -> str:
-    """The class a failure in the forward or backward belongs to (run-result error_type)."""
-    if "OutOfMemory" in type(exc).__name__:
-        return "oom"
-    text = str(exc)
-    if isinstance(exc, (RuntimeError, ValueError, IndexError)) and (any(k in text for k in (
-            "shape", "size of tensor", "sizes of tensors", "mat1 and mat2", "dimension", "Expected size"))
-            or re.search(r"\[\d+(, \d+)+\].*\bgot \[\d+(, \d+)+\]", text)):
-        return "shape"
-    return "error"
 
 
 @dataclass
@@ -137,7 +121,7 @@ class Loop:
                 batch = collate([p.stream.next_clip() for _ in range(cfg.train.micro_batch_size)]).to(d.device)
                 self._inject_data_faults(batch, step)
             except Exception as exc:  # noqa: BLE001 - reported to every rank
-                error = _describe(exc)
+                error = describe(exc)
             if lockstep:
                 d.exchange_error(error, "data" if error and "DataError" in error else "error")
             elif error is not None:
@@ -155,11 +139,11 @@ class Loop:
                 self.heartbeat.update(phase="backward", step=step)
                 (loss / accum).backward()
             except Exception as exc:  # noqa: BLE001 - reported to every rank at the step's exchange
-                self.events.write("exception", durable=True, step=step, rank=d.rank, error=_describe(exc),
+                self.events.write("exception", durable=True, step=step, rank=d.rank, error=describe(exc),
                                   error_type=error_type_of(exc), traceback=traceback.format_exc(limit=-6))
                 if lockstep:
                     raise
-                failure = (_describe(exc), error_type_of(exc))
+                failure = (describe(exc), error_type_of(exc))
                 break
             total = total + loss.detach() / accum
             records += recs
@@ -377,8 +361,8 @@ class Loop:
     def prepare_validation(self) -> None:
         """The frozen plan, test reader and codec, once per launch (before the first step, so a
         missing test index or a changed plan stops the run before it trains)."""
-        from solar.infer import passes as P
-        from solar.infer import setup as S
+        from solar.generation import passes as P
+        from solar.generation import test_set as S
 
         if self.generation is not None:
             return
@@ -399,7 +383,7 @@ class Loop:
     def validate(self, step: int) -> None:
         import contextlib
 
-        from solar.infer import passes as P
+        from solar.generation import passes as P
 
         cfg, d, p = self.resolved.config, self.dist, self.parts
         root = Path(self.out) / "validation" / f"step_{step:08d}"
@@ -479,28 +463,3 @@ class Progress:
         sys.stderr.write(f"solar: step {step}/{self.total} loss {event['loss_mean']:.4f} grad {event['grad_norm']:.3g} "
                          f"lr {event['lr']:.3g} {event['step_seconds']:.2f}s/step eta {eta:.0f}s\n")
         sys.stderr.flush()
-
-
-def sync_and_clip(d: Dist, params: dict, clip: float | None, sharded: bool) -> float:
-    """Average gradients over logical DP ranks (SP peers' partial gradients add) and clip; the norm."""
-    grads = [q.grad if q.grad is not None else torch.zeros_like(q) for q in params.values()]
-    if sharded:
-        # FSDP2 already averaged over every rank; SP peers' partial gradients must add.
-        for q, g in zip(params.values(), grads):
-            q.grad = g * d.sp if d.sp > 1 else g
-    elif d.world > 1:
-        flat = torch.cat([g.reshape(-1).float() for g in grads])
-        d.all_reduce(flat, "grad-sync")
-        flat /= d.dp_world  # SP peers' partial gradients add up; logical DP ranks average
-        offset = 0
-        for q, g in zip(params.values(), grads):
-            n = g.numel()
-            q.grad = flat[offset:offset + n].view_as(q).to(q.dtype)
-            offset += n
-    else:
-        for q, g in zip(params.values(), grads):
-            q.grad = g
-    norm = torch.nn.utils.clip_grad_norm_(list(params.values()), clip if clip else float("inf"))
-    if hasattr(norm, "full_tensor"):
-        norm = norm.full_tensor()
-    return float(norm)

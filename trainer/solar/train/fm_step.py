@@ -10,8 +10,8 @@ from __future__ import annotations
 import torch
 
 from solar.config.schema import RunConfig
+from solar.launch.batch import Batch
 from solar.objectives import fm
-from solar.train.batch import Batch
 
 
 def _frames_time(value_B: torch.Tensor, frames: int) -> torch.Tensor:

@@ -3,24 +3,11 @@
 
 from __future__ import annotations
 
-from pathlib import Path
-
 import torch
 
 from solar.errors import SolarError
+from solar.launch.conditions import negative_prompt
 from solar.train.fm_step import fm_loss
-
-
-def negative_prompt(cfg) -> torch.Tensor:
-    """The unconditional prompt embedding of guided objectives (data.root/data.negative_prompt)."""
-    from safetensors.torch import load_file
-
-    if not cfg.data.negative_prompt:
-        raise SolarError("a guided objective needs data.negative_prompt (the negative prompt embedding)")
-    path = Path(cfg.data.root) / cfg.data.negative_prompt
-    if not path.is_file():
-        raise SolarError(f"data.negative_prompt {path} does not exist")
-    return load_file(path)["prompt_embeds"].float()
 
 
 def objective_for(resolved, dist, audio_silence: torch.Tensor | None):
@@ -34,7 +21,7 @@ def objective_for(resolved, dist, audio_silence: torch.Tensor | None):
         from solar.train.stage1_step import anyflow_loss
 
         guided = (cfg.train.anyflow.guidance_scale or 1.0) != 1.0
-        negative = negative_prompt(cfg) if guided else None
+        negative = negative_prompt(cfg, "train.anyflow.guidance_scale != 1") if guided else None
 
         def gather(entries: list) -> list:
             return [e for part in dist.all_gather_object(entries, "anyflow-rescale") for e in part]

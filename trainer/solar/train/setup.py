@@ -20,9 +20,10 @@ import torch
 from solar.config.contracts import checkpoint_contract, source_problem
 from solar.config.resolve import Resolved
 from solar.data.from_config import train_stream
+from solar.launch.weights import load_base, load_weights, require_base, with_base
 from solar.models.lora import LoRALinear
 from solar.models.registry import model_from_config
-from solar.models.weights import WeightsError, iter_solar_tensors, load_into, read_solar_manifest
+from solar.models.weights import WeightsError, load_into
 from solar.storage.checkpoints import CheckpointError, read_manifest, require_valid
 from solar.train import checkpoint_io as io
 from solar.train.ema import EMA
@@ -46,52 +47,10 @@ def _is_lora(model) -> bool:
     return any(isinstance(m, LoRALinear) for m in model.modules())
 
 
-def _load_base(model, family: str, path: str) -> None:
-    """Released base weights into a (possibly LoRA-wrapped) model: adapter factors stay as built."""
-    root = Path(path)
-    if (root / "solar-model.json").is_file():
-        read_solar_manifest(root)
-        tensors = dict(iter_solar_tensors(root))
-    else:
-        from solar.models.convert import plan
-
-        _, source, mapping, _ = plan(family, "diffusers", root)
-        tensors = {target: source.get(origin) for target, origin in mapping.items()}
-    lora = {k: v for k, v in model.state_dict().items() if ".lora_" in k}
-    load_into(model, {**tensors, **lora}, init_delta_from_time=True, where=f"model.pretrained_path {path}")
-
-
-def require_base(cfg, path, manifest: dict, where: str = "checkpoint.path") -> None:
-    """An adapter-only (LoRA) checkpoint is only half a model: refuse it without the base it was
-    trained on, instead of silently putting the adapters on a random initialisation."""
-    state = manifest.get("trainer_state", {})
-    if state.get("adapter_only") and not cfg.model.pretrained_path:
-        raise CheckpointError(f"{where} {path} holds LoRA adapters only (trained on the base "
-                              f"{state.get('base')}); set model.pretrained_path to that base")
-
-
-def preflight_sources(resolved: Resolved) -> None:
-    """Every weight source the launch reads is verified and compatible, before anything is written."""
-    cfg, route = resolved.config, resolved.route
-    ck = cfg.checkpoint
-    if ck.mode == "roles":
-        from solar.train.stage2 import check_roles
-
-        for role, manifest in check_roles(cfg, route).items():
-            require_base(cfg, getattr(ck.roles, role).path, manifest, f"checkpoint.roles.{role}.path")
-    elif ck.mode == "weights_only" or (ck.mode == "full_resume" and route.stage != "stage2"):
-        manifest = require_valid(ck.path, "checkpoint.path")
-        problem = source_problem(route, manifest.get("contract", {}), cfg, resume=ck.mode == "full_resume")
-        if problem:
-            raise CheckpointError(f"checkpoint.path {ck.path} cannot initialise this run: {problem}")
-        require_base(cfg, ck.path, manifest)
-
-
 def build_parts(resolved: Resolved, rank: int, device: torch.device, *, world: int = 1, local_world: int = 1,
                 sp=None) -> Parts:
     cfg, route = resolved.config, resolved.route
     ck = cfg.checkpoint
-    contract = checkpoint_contract(cfg, route)
     source_manifest = None
     if ck.mode in ("weights_only", "full_resume"):
         source_manifest = require_valid(ck.path, "checkpoint.path")
@@ -103,12 +62,12 @@ def build_parts(resolved: Resolved, rank: int, device: torch.device, *, world: i
     random.seed(cfg.train.seed * 1_000_003 + rank)  # Python's RNG would otherwise start from OS entropy
     model = model_from_config(cfg, device="cpu")
     if cfg.model.pretrained_path and (ck.mode == "none" or _is_lora(model)):
-        _load_base(model, cfg.model.family, cfg.model.pretrained_path)
+        load_base(model, cfg.model.family, cfg.model.pretrained_path)
     if ck.mode in ("weights_only", "full_resume"):
         which = "live" if ck.mode == "full_resume" else ck.weights
-        tensors = io.load_weights(Path(ck.path), "model", which)
+        tensors = load_weights(Path(ck.path), "model", which)
         if source_manifest.get("trainer_state", {}).get("adapter_only"):
-            tensors = {**{k: v for k, v in model.state_dict().items() if ".lora_" not in k}, **tensors}
+            tensors = with_base(model, tensors)
         try:
             load_into(model, tensors, init_delta_from_time=True, where=f"checkpoint.path {ck.path}")
         except WeightsError as exc:

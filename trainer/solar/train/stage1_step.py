@@ -22,9 +22,9 @@ from collections.abc import Callable
 import torch
 
 from solar.config.schema import RunConfig
+from solar.launch.batch import Batch
 from solar.objectives import anyflow as af
 from solar.objectives import fm
-from solar.train.batch import Batch
 
 Gather = Callable[[list], list]  # every logical-global sample's (loss, is_diffusion) from this micro-batch's
 

@@ -32,64 +32,27 @@ from pathlib import Path
 import torch
 
 from solar.config.contracts import checkpoint_contract
+from solar.launch.batch import Batch, collate
+from solar.launch.distributed import CollectiveFailure
+from solar.launch.weights import load_base, load_weights, with_base
 from solar.models.registry import model_from_config
 from solar.models.weights import WeightsError, load_into
 from solar.objectives import dmd, fm
 from solar.storage.checkpoints import CheckpointError, read_manifest, require_valid
 from solar.train import checkpoint_io as io
-from solar.train.batch import Batch, collate
-from solar.train.distributed import CollectiveFailure
 from solar.train.ema import EMA
 from solar.train.schedule import lr_at
+from solar.train.sources import check_roles, fm_objective, role_problem
 
 N = fm.NUM_TRAIN_TIMESTEPS
 
 
 # --- building the three roles -----------------------------------------------------------------
 
-def _role_problem(role: str, manifest: dict, cfg, family: str, *, stage: str, objective: str, weights: str) -> str | None:
-    c = manifest.get("contract", {})
-    if c.get("family") != family:
-        return f"it is a {c.get('family')} checkpoint, this run is {family}"
-    if c.get("camera_translation_transform") != cfg.model.camera_translation_transform:
-        return (f"its camera translation transform is {c.get('camera_translation_transform')}, this run uses "
-                f"{cfg.model.camera_translation_transform}")
-    if c.get("stage") != stage or c.get("objective") != objective:
-        what = "Stage1 AnyFlow (anyflow_forward_map)" if role == "student" else "Stage0.5 flow matching"
-        return f"the {role} starts from {what} weights; the checkpoint is {c.get('stage')} {c.get('objective')}"
-    model_role = (manifest.get("roles") or {}).get("model")
-    if model_role is None:
-        return "it has no single-model weights (role model)"
-    if weights not in model_role.get("weights", []):
-        return f"it has no {weights} weights (it holds {', '.join(model_role.get('weights', []))})"
-    return None
-
-
-def check_roles(cfg, route) -> dict[str, dict]:
-    """Verify every role source (before allocation); returns each role's checkpoint manifest."""
-    roles = cfg.checkpoint.roles
-    expected = {"student": ("stage1", "anyflow_forward_map"), "teacher": ("stage0p5", _fm_objective(route.family)),
-                "critic": ("stage0p5", _fm_objective(route.family))}
-    manifests = {}
-    for role, (stage, objective) in expected.items():
-        source = getattr(roles, role)
-        manifest = require_valid(source.path, f"checkpoint.roles.{role}.path")
-        problem = _role_problem(role, manifest, cfg, route.family, stage=stage, objective=objective,
-                                weights=source.weights)
-        if problem:
-            raise CheckpointError(f"checkpoint.roles.{role}.path {source.path} cannot initialise the {role}: {problem}")
-        manifests[role] = manifest
-    return manifests
-
-
-def _fm_objective(family: str) -> str:
-    return "native_rectified_flow" if family == "ltx25_video" else "flow_matching"
-
-
 def _load(model, path: str, weights: str, *, drop_delta: bool, where: str) -> None:
-    tensors = io.load_weights(Path(path), "model", weights)
+    tensors = load_weights(Path(path), "model", weights)
     if read_manifest(path).get("trainer_state", {}).get("adapter_only"):
-        tensors = {**{k: v for k, v in model.state_dict().items() if ".lora_" not in k}, **tensors}
+        tensors = with_base(model, tensors)
     try:
         load_into(model, tensors, drop_delta=drop_delta, where=where)
     except WeightsError as exc:
@@ -116,7 +79,7 @@ def build_stage2(resolved, rank: int, device: torch.device, *, world: int = 1, s
     import random
 
     from solar.data.from_config import train_stream
-    from solar.train.setup import Parts, _load_base
+    from solar.train.setup import Parts
 
     cfg, route = resolved.config, resolved.route
     ck = cfg.checkpoint
@@ -139,8 +102,8 @@ def build_stage2(resolved, rank: int, device: torch.device, *, world: int = 1, s
         teacher_src = trainer.get("teacher")
         if teacher_src is not None:  # the frozen teacher is not saved: its recorded source must still verify
             t_manifest = require_valid(teacher_src["path"], "the recorded teacher source")
-            problem = _role_problem("teacher", t_manifest, cfg, route.family, stage="stage0p5",
-                                    objective=_fm_objective(route.family), weights=teacher_src["weights"])
+            problem = role_problem("teacher", t_manifest, cfg, route.family, stage="stage0p5",
+                                    objective=fm_objective(route.family), weights=teacher_src["weights"])
             if problem:
                 raise CheckpointError(f"teacher source {teacher_src['path']}: {problem}")
         sources = {"teacher": teacher_src}
@@ -156,7 +119,7 @@ def build_stage2(resolved, rank: int, device: torch.device, *, world: int = 1, s
     for role in ("student", "teacher", "critic"):
         model = model_from_config(cfg, device="cpu")
         if cfg.model.pretrained_path and cfg.model.training_mode == "lora":
-            _load_base(model, cfg.model.family, cfg.model.pretrained_path)
+            load_base(model, cfg.model.family, cfg.model.pretrained_path)
         models[role] = model
     if resume:
         path = Path(ck.path)
@@ -222,9 +185,9 @@ def build_stage2(resolved, rank: int, device: torch.device, *, world: int = 1, s
 
 
 def _role_weights(path: Path, role: str, model) -> dict[str, torch.Tensor]:
-    tensors = io.load_weights(path, role, "live")
+    tensors = load_weights(path, role, "live")
     if read_manifest(path).get("trainer_state", {}).get("adapter_only"):
-        tensors = {**{k: v for k, v in model.state_dict().items() if ".lora_" not in k}, **tensors}
+        tensors = with_base(model, tensors)
     return tensors
 
 
@@ -264,9 +227,9 @@ class Stage2:
         self.levels = dmd.denoising_levels(list(self.sgf.denoising_steps), cfg.model.timestep_shift)
         self.negative = None
         if not self.h3 and (self.sgf.real_guidance_scale or 1.0) != 1.0:
-            from solar.train.objective import negative_prompt
+            from solar.launch.conditions import negative_prompt
 
-            self.negative = negative_prompt(cfg)
+            self.negative = negative_prompt(cfg, "train.sgf.real_guidance_scale != 1")
 
     # conventions: every model below returns a velocity in sigma (dx/dsigma), fed levels in raw units
     def _velocity(self, model, x, level_BF, cond: Conditions, *, negative=False, chunk=None, cache=None,
@@ -423,7 +386,7 @@ class Stage2:
             yield micro, batch
 
     def _update(self, loop, step: int, role: str, model, params, optimizer, opt_cfg, lr: float, loss_fn):
-        from solar.train.engine import sync_and_clip
+        from solar.train.gradients import sync_and_clip
 
         cfg, d = self.resolved.config, loop.dist
         accum = cfg.train.gradient_accumulation

@@ -15,6 +15,7 @@ from pathlib import Path
 
 from solar.config import families
 from solar.config.families import Dims
+from solar.models.registry import expected_shapes
 from solar.models.weights import TensorSource, WeightsError, compare_keys, open_source
 
 # Official Wan names -> diffusers/Solar names, applied in order to each key.
@@ -125,8 +126,6 @@ def plan_conversion(family: str, kind: str, src: str | Path) -> tuple[Dims, Tens
         mapping[target] = name
     got = {target: source.shapes[name][1] for target, name in mapping.items()}
     anyflow = any(k.startswith("condition_embedder.delta_embedding.") for k in got)
-    from solar.models.registry import expected_shapes
-
     report = compare_keys(expected_shapes(family, dims, anyflow=anyflow), got)
     if not report.ok:
         raise WeightsError(f"{src} does not match a {family} model with the source's dims: {report.summary()}")

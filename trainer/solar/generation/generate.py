@@ -12,9 +12,9 @@ from __future__ import annotations
 import torch
 
 from solar.config.schema import RunConfig
-from solar.infer import solvers
+from solar.generation import solvers
+from solar.launch.batch import Batch
 from solar.objectives.fm import ltx_mu, noisy_h3, sample_h3_times
-from solar.train.batch import Batch
 
 
 def _shift(cfg: RunConfig, tokens: int) -> float:
@@ -88,7 +88,7 @@ def sample(model, cfg: RunConfig, batch: Batch, *, noise_seed: int, solver: str,
     if cfg.train.causal_mode == "bidirectional":
         return sample_bidirectional(model, cfg, batch, noise_seed=noise_seed, solver=solver, steps=steps,
                                     negative=negative, audio_silence=audio_silence)
-    from solar.infer.autoregressive import sample_autoregressive
+    from solar.generation.autoregressive import sample_autoregressive
 
     denoising = cfg.train.sgf.denoising_steps if cfg.train.sgf is not None else None
     camera_length = getattr(cfg, "inference", None) is not None and cfg.inference.length == "camera"

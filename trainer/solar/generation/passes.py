@@ -18,9 +18,9 @@ from __future__ import annotations
 import contextlib
 import os
 import secrets
+import shutil
 import signal
 import time
-import shutil
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
@@ -29,11 +29,11 @@ import torch
 
 from solar.config.canonical import blake2s_hex, pretty_bytes
 from solar.data.selection import Slot
-from solar.data.stream import ClipSource, Occurrence, StreamClip
-from solar.infer import video
-from solar.infer.generate import sample
+from solar.data.stream import ClipSource, Occurrence
+from solar.generation import video
+from solar.generation.generate import sample
+from solar.launch.batch import Batch, collate
 from solar.storage.atomic import fsync_dir, write_create_only
-from solar.train.batch import Batch, collate
 
 SLOT_SCHEMA = "solar.sample.v1"
 PASS_SCHEMA = "solar.validation-pass-complete.v1"

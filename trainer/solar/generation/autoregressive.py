@@ -43,9 +43,9 @@ from typing import Any, Callable, Protocol
 import torch
 
 from solar.config.schema import RunConfig
-from solar.infer import solvers
+from solar.generation import solvers
+from solar.launch.batch import Batch
 from solar.objectives.fm import noisy_h3, sample_h3_times
-from solar.train.batch import Batch
 
 WAN, H3 = "wan22_ti2v_5b", "minimax_h3"
 SOLVERS = ("flowmap", "unipc", "self_forcing")

@@ -1,0 +1,133 @@
+"""One launch's records, the same for ``solar train`` and ``solar infer``.
+
+Rank 0 checks the run directory and the launch's sources before anything is written and every rank
+learns its verdict; then rank 0 writes ``resolved-config.json``, ``launch-manifest.json`` and
+``environment.json``, every rank opens its log, events and heartbeat, and at the end rank 0 writes
+``run-result.json`` (complete, stopped or failed, with the error type and message every rank agreed
+on). A failure is recorded on each rank by ``run_dir.record_failure``.
+
+    session = Session(resolved, dist, out, verb="training")
+    session.check(lambda: ...)              # SolarError on every rank when rank 0 refuses
+    try:
+        session.open()
+        ...                                 # the verb's work
+    except BaseException as exc:
+        session.failed(exc)
+    finally:
+        session.close(status, final=..., checkpoints=..., validations=...)
+    session.raise_failure()
+"""
+
+from __future__ import annotations
+
+import os
+import traceback
+from collections.abc import Callable
+from pathlib import Path
+
+from solar.errors import SolarError
+from solar.launch.distributed import Dist
+from solar.launch.errors import error_type
+from solar.storage import run_dir
+
+
+def init_record(cfg) -> dict:
+    """The launch manifest's ``init``: the mode and every weight source it reads."""
+    ck = cfg.checkpoint
+    sources = []
+    if ck.mode == "none" and cfg.model.pretrained_path:
+        sources.append({"role": "model", "path": cfg.model.pretrained_path, "weights": "released"})
+    elif ck.mode in ("weights_only", "full_resume"):
+        sources.append({"role": "model", "path": ck.path, "weights": ck.weights or "all"})
+    elif ck.mode == "roles":
+        for role in ("student", "teacher", "critic"):
+            spec = getattr(ck.roles, role)
+            sources.append({"role": role, "path": spec.path, "weights": spec.weights})
+    if cfg.model.training_mode == "lora" and cfg.model.pretrained_path and ck.mode != "none":
+        sources.append({"role": "base", "path": cfg.model.pretrained_path, "weights": "released"})
+    return {"mode": ck.mode, "sources": sources}
+
+
+def _message(exc: BaseException) -> str:
+    return str(exc) if isinstance(exc, SolarError) else f"{type(exc).__name__}: {exc}"
+
+
+class Session:
+    """The records of one launch in ``out`` (``verb`` names it in the final error: "training failed")."""
+
+    def __init__(self, resolved, dist: Dist, out: Path, *, verb: str) -> None:
+        self.resolved, self.dist, self.out, self.verb = resolved, dist, Path(out), verb
+        self.events: run_dir.EventLog | None = None
+        self.heartbeat: run_dir.Heartbeat | None = None
+        self.rank_log: run_dir.RankLog | None = None
+        self.error: BaseException | None = None
+
+    def check(self, checks: Callable[[], None]) -> None:
+        """Run ``checks`` on rank 0 before anything is written; a refusal ends every rank with the
+        same ``SolarError`` (and the process group closed)."""
+        d = self.dist
+        verdict = None
+        if d.rank == 0:
+            try:
+                checks()
+            except SolarError as exc:
+                verdict = str(exc)
+        verdict = d.all_gather_object(verdict, "prepare")[0]
+        if verdict:
+            d.close()
+            raise SolarError(verdict)
+
+    def open(self) -> None:
+        """The launch files (rank 0), then every rank's log, events and heartbeat."""
+        d, out = self.dist, self.out
+        if d.rank == 0:
+            run_dir.write_launch(out, self.resolved, init_record(self.resolved.config))
+            run_dir.write_environment(out)
+        d.barrier("launch-written")
+        self.rank_log = run_dir.RankLog(out, d.rank)
+        self.events, self.heartbeat = run_dir.EventLog(out, d.rank), run_dir.Heartbeat(out, d.rank)
+        d.on_collective = self.heartbeat.collective
+        self.events.write("start", rank=d.rank, world=d.world, pid=os.getpid(), route=self.resolved.route.key)
+
+    def failed(self, exc: BaseException) -> None:
+        """What ended the launch (its traceback printed under SOLAR_DEBUG=1)."""
+        self.error = exc
+        if os.environ.get("SOLAR_DEBUG") == "1":
+            traceback.print_exc()
+
+    def close(self, status: str, *, final: dict | None = None, checkpoints: list | None = None,
+              validations: list | None = None) -> None:
+        """Record the outcome (``status`` when nothing failed), close the rank's files and the
+        process group. run-result.json is written only once the launch manifest exists."""
+        d, out, error = self.dist, self.out, self.error
+        try:
+            if error is not None:
+                kind, message = error_type(error), _message(error)
+                run_dir.record_failure(error, error_type=kind, message=message, events=self.events,
+                                       heartbeat=self.heartbeat, rank_log=self.rank_log)
+                if d.rank == 0 and (out / "launch-manifest.json").exists():
+                    run_dir.write_result(out, "failed", error_type=kind, message=message, final=final,
+                                         checkpoints=checkpoints, validations=validations)
+            else:
+                if self.heartbeat is not None:
+                    self.heartbeat.update(phase=status)
+                if self.events is not None:
+                    self.events.write(status, durable=True, **(final or {}))
+                if d.rank == 0:
+                    run_dir.write_result(out, status, final=final, checkpoints=checkpoints, validations=validations)
+        finally:
+            if self.events is not None:
+                self.events.close()
+            if self.rank_log is not None:
+                self.rank_log.close()
+            d.close()
+
+    def raise_failure(self) -> None:
+        """Re-raise what ended the launch: a SolarError as it is, anything else as
+        ``<verb> failed: Type: message``."""
+        error = self.error
+        if error is None:
+            return
+        if isinstance(error, SolarError):
+            raise error
+        raise SolarError(f"{self.verb} failed: {type(error).__name__}: {error}") from error
