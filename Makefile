@@ -22,8 +22,12 @@ demo: $(STAMP)
 tools:
 	$(PYTHON) scripts/fetch_tools.py
 
+# The suite in parallel processes (pytest-xdist), one test file per worker at a time so a file's
+# module fixtures are built once; TEST_WORKERS=1 runs it in this process.
+TEST_WORKERS ?= 2
+
 test: $(STAMP) tools
-	$(BIN)/python -m pytest
+	$(BIN)/python -m pytest $(if $(filter 1,$(TEST_WORKERS)),,-n $(TEST_WORKERS) --dist loadfile)
 
 clean:
 	rm -rf $(VENV) demo-out .pytest_cache .hypothesis .cache/tools

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 import sys
 from dataclasses import dataclass
 from pathlib import Path
@@ -34,6 +35,16 @@ def cli(capsys, monkeypatch):
         return CliResult(code, captured.out, captured.err)
 
     return run
+
+
+def pytest_configure(config):
+    """Under pytest-xdist (``make test``) each worker shares the machine's cores with the others: one
+    compute thread per process, in the worker and in what it starts (the end-to-end helpers already
+    start trainers with one), instead of every process spinning a thread per core."""
+    if os.environ.get("PYTEST_XDIST_WORKER"):
+        os.environ["OMP_NUM_THREADS"] = "1"
+        if "torch" in sys.modules:
+            sys.modules["torch"].set_num_threads(1)
 
 
 def python() -> str:

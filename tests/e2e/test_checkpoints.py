@@ -9,21 +9,16 @@ import sys
 
 import pytest
 
-from solar.data.synth import synthesize
 from tests.conftest import REPO
-from tests.e2e.helpers import TINY, train
 
 pytestmark = pytest.mark.slow
 
 
 @pytest.fixture(scope="module")
-def run(tmp_path_factory):
-    base = tmp_path_factory.mktemp("ck")
-    synthesize("wan22_ti2v_5b", base / "data", samples=4, seed=0)
-    out = base / "run"
-    proc = train(TINY["wan22_ti2v_5b"], [f"data.root={base / 'data'}", f"runtime.output_dir={out}",
-                                         "train.max_steps=4", "runtime.save_every=2"])
-    assert proc.returncode == 0, proc.stderr[-2000:]
+def run(wan_stage0p5, tmp_path_factory):
+    """A copy of the session's 4-step run (checkpoints at steps 2 and 4): the listing test adds to it."""
+    out = tmp_path_factory.mktemp("ck") / "run"
+    shutil.copytree(wan_stage0p5, out)
     return out
 
 

@@ -12,7 +12,6 @@ from pathlib import Path
 
 import pytest
 
-from solar.data.synth import synthesize
 from tests.conftest import REPO
 from tests.e2e.helpers import TINY, env, train
 
@@ -22,10 +21,8 @@ TWO = ["distributed.world_size=2", "train.global_batch_size=2"]
 
 
 @pytest.fixture(scope="module")
-def data(tmp_path_factory):
-    root = tmp_path_factory.mktemp("synth") / "wan"
-    synthesize("wan22_ti2v_5b", root, samples=4, seed=3)
-    return root
+def data(wan_data):
+    return wan_data
 
 
 def _sets(data_root, out, *extra):

@@ -11,7 +11,6 @@ import re
 import shutil
 import signal
 import subprocess
-import time
 import urllib.parse
 from pathlib import Path
 
@@ -101,12 +100,8 @@ def _value(text: str, name: str) -> float | None:
 
 
 @pytest.fixture
-def trainer(tmp_path):
-    from solar.data.synth import synthesize
-
-    data = tmp_path / "synth"
-    synthesize("wan22_ti2v_5b", data, samples=4, seed=1)
-    running = _Trainer(data, tmp_path / "train", free_port())
+def trainer(wan_data, tmp_path):
+    running = _Trainer(wan_data, tmp_path / "train", free_port())
     yield running
     running.stop()
 

@@ -11,7 +11,6 @@ import sys
 
 import pytest
 
-from solar.data.synth import synthesize
 from solar.storage.checkpoints import verify
 from tests.conftest import REPO
 from tests.e2e.helpers import env
@@ -37,9 +36,8 @@ def _execute(world: World, job: dict) -> None:
     world.ran.append((name, proc.returncode, proc.stderr[-3000:]))
 
 
-def test_the_operators_jobs_run_the_recipe_to_the_end(tmp_path):
-    data, storage = tmp_path / "data", tmp_path / "runs"
-    synthesize("wan22_ti2v_5b", data, samples=4, seed=5)
+def test_the_operators_jobs_run_the_recipe_to_the_end(wan_data, tmp_path):
+    data, storage = wan_data, tmp_path / "runs"
     doc = load_case("three-stage")
     doc["metadata"]["name"] = "real"
     doc["spec"]["topology"] = {"nodes": 1, "gpusPerNode": 1}

@@ -38,14 +38,12 @@ def _ok(proc):
 
 
 @pytest.fixture(scope="module")
-def wan(tmp_path_factory):
-    """The whole Wan TI2V-5B pipeline, once for the module's tests."""
+def wan(wan_data, wan_stage0p5, tmp_path_factory):
+    """The whole Wan TI2V-5B pipeline, once for the module's tests; Stage0.5 is the session's shared
+    4-step run (its step-4 checkpoint and validation), read-only."""
     base = tmp_path_factory.mktemp("wan")
-    data = base / "data"
-    synthesize("wan22_ti2v_5b", data, samples=4, seed=5)
-    s05, s1, s2 = base / "stage0p5", base / "stage1", base / "stage2"
-    _ok(train(WAN / "train_stage0p5_fm_81f.yaml", _sets(data, s05, "train.max_steps=4", "runtime.save_every=4",
-                                                          "runtime.validate_every=4")))
+    data = wan_data
+    s05, s1, s2 = wan_stage0p5, base / "stage1", base / "stage2"
     _ok(train(WAN / "train_stage1_tf_anyflow_81f.yaml", _sets(
         data, s1, "checkpoint.mode=weights_only", f"checkpoint.path={s05}/checkpoints/step_00000004",
         "checkpoint.weights=ema")))

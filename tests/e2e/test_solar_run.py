@@ -12,7 +12,6 @@ import time
 import pytest
 import yaml
 
-from solar.data.synth import synthesize
 from tests.conftest import REPO
 from tests.e2e.helpers import env
 
@@ -38,10 +37,8 @@ def _solar_run(manifest, workdir, *, wait=True):
 
 
 @pytest.fixture(scope="module")
-def data(tmp_path_factory):
-    root = tmp_path_factory.mktemp("synth") / "wan"
-    synthesize("wan22_ti2v_5b", root, samples=4, seed=2)
-    return root
+def data(wan_data):
+    return wan_data
 
 
 def _short_decodes(doc):

@@ -17,9 +17,10 @@ pytestmark = pytest.mark.slow
 
 
 @pytest.fixture(scope="module")
-def data(tmp_path_factory):
+def data(wan_data, tmp_path_factory):
     base = tmp_path_factory.mktemp("synth")
-    return {f: synthesize(f, base / f, samples=4, seed=1) and base / f for f in TINY}
+    synthesized = {f: synthesize(f, base / f, samples=4, seed=1) and base / f for f in TINY if f != "wan22_ti2v_5b"}
+    return {"wan22_ti2v_5b": wan_data, **synthesized}
 
 
 def _events(run, rank):
@@ -37,16 +38,17 @@ def test_tiny_stage0p5_under_torchrun_learns(family, data, tmp_path):
     world = ["distributed.world_size=2"] + ([] if family == "minimax_h3" else ["train.global_batch_size=8"])
     if family == "minimax_h3":
         world.append("train.global_batch_size=4")  # SP 2: one logical DP rank
-    # The tiny configs validate every 4 steps (15 full-length decodes and encodes, most of this test's time):
-    # validate at steps 30 and 60 instead, so every family still decodes whole clips in both passes under
-    # torchrun, and trains on after a validation.
+    # The tiny configs validate every 4 steps (full-length decodes and encodes, most of this test's time):
+    # validate at steps 15 and 30 instead, so every family still decodes whole clips in both passes under
+    # torchrun, and trains on after a validation. 30 steps: the mean loss of the last 10 is 0.2-0.4 below the
+    # first 10's in every family (60 steps only widened that gap).
     proc = train(TINY[family], _sets(data[family], out, *world, "train.micro_batch_size=2",
-                                     "train.gradient_accumulation=2", "train.max_steps=60", "runtime.save_every=30",
-                                     "runtime.validate_every=30", f"train.optimizer.lr={'1e-2' if lora else '1e-3'}"),
+                                     "train.gradient_accumulation=2", "train.max_steps=30", "runtime.save_every=15",
+                                     "runtime.validate_every=15", f"train.optimizer.lr={'1e-2' if lora else '1e-3'}"),
                  nproc=2)
     assert proc.returncode == 0, proc.stderr[-3000:]
     losses = [e["loss_mean"] for e in steps(out)]
-    assert len(losses) == 60
+    assert len(losses) == 30
     first, last = sum(losses[:10]) / 10, sum(losses[-10:]) / 10
     assert last < first - 0.05, (first, last)
     assert result(out)["status"] == "complete"

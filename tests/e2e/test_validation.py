@@ -21,10 +21,8 @@ PASSES = ("live-unipc", "ema-unipc")
 
 
 @pytest.fixture(scope="module")
-def data(tmp_path_factory):
-    root = tmp_path_factory.mktemp("synth") / "wan"
-    synthesize("wan22_ti2v_5b", root, samples=4, seed=3)
-    return root
+def data(wan_data):
+    return wan_data
 
 
 def _sets(data_root, out, *extra):
@@ -45,11 +43,9 @@ def _complete(root):
 
 
 @pytest.fixture(scope="module")
-def validated(data, tmp_path_factory):
-    out = tmp_path_factory.mktemp("validated") / "run"
-    proc = train(CONFIG, _sets(data, out))
-    assert proc.returncode == 0, proc.stderr[-3000:]
-    return out
+def validated(wan_stage0p5):
+    """``_sets``' run (4 steps, saved and validated every 2), shared with other modules: read-only."""
+    return wan_stage0p5
 
 
 def test_validation_at_two_steps_writes_every_slot_of_every_pass(validated):

@@ -22,7 +22,7 @@ import shutil
 import signal
 import time
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
 import torch
@@ -34,6 +34,10 @@ from solar.generation import video
 from solar.generation.generate import sample
 from solar.launch.batch import Batch, collate
 from solar.storage.atomic import fsync_dir, write_create_only
+
+# The decoded ground truth of a slot is the same in every pass and at every validation step of a
+# launch (same sample, start and decode length): it is decoded once and kept up to this many bytes.
+TRUTH_CACHE_BYTES = 2 << 30
 
 SLOT_SCHEMA = "solar.sample.v1"
 PASS_SCHEMA = "solar.validation-pass-complete.v1"
@@ -53,6 +57,18 @@ class Generation:
     sharded: bool = False
     log: Callable[[str], None] = lambda _: None
     fault: object = None  # solar.train.faults.Fault (kill_validation drills)
+    truths: dict = field(default_factory=dict)  # (input digest, decoded latents) -> uint8 frames
+
+    def truth_frames(self, batch: Batch, shown: int) -> torch.Tensor:
+        """The slot's ground truth as uint8 frames [F, H, W, 3], decoded once per launch while the
+        cache holds under ``TRUTH_CACHE_BYTES`` (keyed by the input bytes, so a changed input decodes anew)."""
+        key = (batch.digest(), shown)
+        frames = self.truths.get(key)
+        if frames is None:
+            frames = video.to_uint8(self.codec.decode(batch.latents[:, :, :shown])[0]).cpu()
+            if sum(f.nbytes for f in self.truths.values()) + frames.nbytes <= TRUTH_CACHE_BYTES:
+                self.truths[key] = frames
+        return frames
 
     def batch_for(self, slot: Slot) -> Batch | str:
         occ = Occurrence(reader=-1, epoch=0, position=slot.slot, row=slot.row, repeat_ordinal=0,
@@ -100,7 +116,7 @@ class Generation:
             if writer:
                 fps = float(self.cfg.data.fps or 16.0)
                 shown = self.cfg.validation.decode_latents or latents.shape[2]
-                truth = video.to_uint8(self.codec.decode(batch.latents[:, :, :shown])[0])
+                truth = self.truth_frames(batch, shown)
                 made = video.to_uint8(self.codec.decode(latents[:, :, :shown])[0])
                 video.write_mp4(partial / "generated.mp4", made, fps)
                 video.write_mp4(partial / "compare.mp4", video.side_by_side(truth, made), fps)
