@@ -111,6 +111,7 @@ def test_cli_verbs_and_flags_are_frozen_to_the_contract():
     assert _tree(build_parser()) == {
         "config routes": {"--json"},
         "config resolve": {"--config", "--set", "--output"},
+        "config memory": {"--config", "--set", "--gpu-memory-gib", "--gpus-per-node", "--json"},  # issue 27
         "environment probe": set(),
         "data inspect": set(),
         "data plan": {"--seed", "--pixel-frames", "--world-size", "--rank", "--sequence-parallel-size",

@@ -66,6 +66,29 @@ def cmd_config_resolve(args: argparse.Namespace) -> int:
     return 0
 
 
+def cmd_config_memory(args: argparse.Namespace) -> int:
+    from solar.config import memory
+    from solar.config.resolve import resolve_file
+    from solar.environment import local_gpu_memory_bytes
+
+    if args.gpu_memory_gib is not None and args.gpu_memory_gib <= 0:
+        raise SolarError(f"--gpu-memory-gib {args.gpu_memory_gib}: give the GPU's memory in GiB, e.g. 80 or 141")
+    if args.gpus_per_node < 1:
+        raise SolarError(f"--gpus-per-node {args.gpus_per_node}: give the GPUs of one node, e.g. 8")
+    resolved = resolve_file(args.config, args.set, expected_action="train", placeholders=False)
+    gpu = int(args.gpu_memory_gib * memory.GIB) if args.gpu_memory_gib is not None else \
+        (local_gpu_memory_bytes() or 80 * memory.GIB)
+    result = memory.forecast(resolved, gpu_memory_bytes=gpu, gpus_per_node=args.gpus_per_node)
+    if args.json:
+        _emit_json({"config": args.config, "route": resolved.route.key, **result.as_dict()})
+    else:
+        print(f"{args.config} ({resolved.route.key}, world {resolved.config.distributed.world_size}, "
+              f"SP {resolved.config.distributed.sequence_parallel_size}, "
+              f"sharding {resolved.config.distributed.sharding})")
+        print(memory.table(result))
+    return 0
+
+
 def cmd_environment_probe(args: argparse.Namespace) -> int:
     from solar.environment import probe
 
@@ -216,6 +239,18 @@ def build_parser() -> argparse.ArgumentParser:
                            help="write the resolved document here (create-only, atomic) "
                                 "instead of stdout")
     resolve_p.set_defaults(func=cmd_config_resolve)
+    memory_p = config_verbs.add_parser(
+        "memory", help="forecast a training config's GPU memory per GPU (nothing is allocated)")
+    memory_p.add_argument("--config", required=True, metavar="PATH", help="YAML or JSON training config")
+    memory_p.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
+                          help="override a dotted key; the value is YAML (repeatable)")
+    memory_p.add_argument("--gpu-memory-gib", type=float, metavar="N",
+                          help="memory of one GPU (default: this machine's GPU, else 80)")
+    memory_p.add_argument("--gpus-per-node", type=int, default=8, metavar="N",
+                          help="GPUs per node: hybrid_shard's shard group (default 8)")
+    memory_p.add_argument("--json", action="store_true",
+                          help="JSON {gpu_memory_bytes, peak_bytes, fits, roles: {role: {kind: bytes}}, ...}")
+    memory_p.set_defaults(func=cmd_config_memory)
 
     data = verbs.add_parser("data", help="inspect and plan indexes, synthesize a dataset")
     data_verbs = data.add_subparsers(dest="data_verb", metavar="ACTION", parser_class=_Parser)

@@ -83,6 +83,13 @@ def _nvidia_smi(query: str, fields: str) -> list[list[str]] | None:
     return [[cell.strip() for cell in line.split(",")] for line in out.splitlines() if line.strip()]
 
 
+def local_gpu_memory_bytes() -> int | None:
+    """The smallest memory of this machine's GPUs (``nvidia-smi``), or None without one; no torch."""
+    rows = _nvidia_smi("gpu", "memory.total") or []
+    sizes = [int(float(r[0])) << 20 for r in rows if r and r[0].replace(".", "", 1).isdigit()]
+    return min(sizes) if sizes else None
+
+
 def probe(environ: dict[str, str] | None = None) -> dict[str, Any]:
     environ = dict(os.environ if environ is None else environ)
     result: dict[str, Any] = {

@@ -57,7 +57,8 @@ class Resolved:
 
 def resolve_tree(tree: dict[str, Any], *, source: str, source_digest: str,
                  sets: Sequence[str] = (), environ: Mapping[str, str] | None = None,
-                 expected_action: str | None = None) -> Resolved:
+                 expected_action: str | None = None, placeholders: bool = True) -> Resolved:
+    """``placeholders=False`` leaves ``/path/to/`` values unresolved (a forecast reads no path)."""
     environ = os.environ if environ is None else environ
     merged = loader.apply_sets(tree, list(sets))
     reject_inline_credentials(merged)
@@ -79,7 +80,7 @@ def resolve_tree(tree: dict[str, Any], *, source: str, source_digest: str,
         cfg = cfg.model_copy(update={
             "train": cfg.train.model_copy(update={"global_batch_size": topo.global_batch_size})})
     dumped = cfg.model_dump(by_alias=True, mode="json")
-    pending = placeholder_keys(dumped, contracts.is_read_by(cfg, route))
+    pending = placeholder_keys(dumped, contracts.is_read_by(cfg, route)) if placeholders else []
     if pending:
         raise ConfigError(
             f"unresolved placeholders in fields this {cfg.action} run reads: {', '.join(pending)}; "
@@ -110,8 +111,8 @@ def _topology(cfg: RunConfig) -> Topology:
 
 def resolve_file(path: str | os.PathLike[str], sets: Sequence[str] = (),
                  environ: Mapping[str, str] | None = None,
-                 expected_action: str | None = None) -> Resolved:
+                 expected_action: str | None = None, placeholders: bool = True) -> Resolved:
     """Resolve a config file (YAML, or JSON such as a previous ``resolved-config.json``)."""
     raw, tree = loader.read_document(path)
     return resolve_tree(tree, source=str(path), source_digest=blake2s_hex(raw), sets=sets,
-                        environ=environ, expected_action=expected_action)
+                        environ=environ, expected_action=expected_action, placeholders=placeholders)

@@ -150,11 +150,10 @@ class Loop:
         return total, records, failure
 
     def compute_dtype(self):
-        """bf16 autocast over fp32 master weights on CUDA (``model.dtype`` auto or bfloat16) when FSDP2's
-        mixed-precision policy does not already cast the parameters; a no-op on CPU."""
-        cfg, d = self.resolved.config, self.dist
-        wanted = d.device.type == "cuda" and cfg.model.dtype != "float32" and not self.parts.sharded
-        return torch.autocast("cuda", dtype=torch.bfloat16, enabled=wanted)
+        """The forward's precision context (``solar.launch.precision``)."""
+        from solar.launch.precision import autocast
+
+        return autocast(self.resolved.config, self.dist.device, sharded=self.parts.sharded)
 
     def _inject_data_faults(self, batch, step: int) -> None:
         f, rank = self.fault, self.dist.rank

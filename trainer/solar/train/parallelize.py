@@ -73,19 +73,23 @@ def apply_compile(model: torch.nn.Module) -> int:
     return len(blocks)
 
 
-def apply_fsdp(model: torch.nn.Module, *, world: int, local_world: int, strategy: str, device: torch.device,
-               bf16: bool):
+def device_mesh(*, world: int, local_world: int, strategy: str, device: torch.device):
+    """The sharding mesh: (replicate, shard) with one shard group per node for ``hybrid_shard`` when
+    the world spans several nodes, else one shard dimension over every rank."""
     from torch.distributed.device_mesh import init_device_mesh
-    from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
 
     kind = "cuda" if device.type == "cuda" else "cpu"
     if strategy == "hybrid_shard" and local_world < world and world % local_world == 0:
-        mesh = init_device_mesh(kind, (world // local_world, local_world), mesh_dim_names=("replicate", "shard"))
-    else:
-        mesh = init_device_mesh(kind, (world,), mesh_dim_names=("shard",))
-    policy = MixedPrecisionPolicy(param_dtype=torch.bfloat16, reduce_dtype=torch.float32) if bf16 else \
-        MixedPrecisionPolicy()
+        return init_device_mesh(kind, (world // local_world, local_world), mesh_dim_names=("replicate", "shard"))
+    return init_device_mesh(kind, (world,), mesh_dim_names=("shard",))
+
+
+def apply_fsdp(model: torch.nn.Module, mesh, *, policy=None, reshard_after_forward: bool = True):
+    """``fully_shard`` each block, then the root, over ``mesh`` (``device_mesh``). ``policy``: FSDP2's
+    MixedPrecisionPolicy (``solar.launch.precision.fsdp_policy``)."""
+    from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
+
+    policy = policy or MixedPrecisionPolicy()
     for block in blocks_of(model):
-        fully_shard(block, mesh=mesh, mp_policy=policy)
-    fully_shard(model, mesh=mesh, mp_policy=policy)
-    return mesh
+        fully_shard(block, mesh=mesh, mp_policy=policy, reshard_after_forward=reshard_after_forward)
+    fully_shard(model, mesh=mesh, mp_policy=policy, reshard_after_forward=reshard_after_forward)

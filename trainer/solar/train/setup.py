@@ -85,9 +85,11 @@ def build_parts(resolved: Resolved, rank: int, device: torch.device, *, world: i
         parallelize.apply_compile(model)
     sharded = cfg.distributed.sharding != "none" and world > 1
     if sharded:
-        bf16 = device.type == "cuda" and cfg.model.dtype != "float32"
-        parallelize.apply_fsdp(model, world=world, local_world=local_world, strategy=cfg.distributed.sharding,
-                               device=device, bf16=bf16)
+        from solar.launch.precision import fsdp_policy
+
+        mesh = parallelize.device_mesh(world=world, local_world=local_world, strategy=cfg.distributed.sharding,
+                                       device=device)
+        parallelize.apply_fsdp(model, mesh, policy=fsdp_policy(cfg, device))
     params = {n: p for n, p in model.named_parameters() if p.requires_grad}
     names = list(params)
     opt = cfg.train.optimizer

@@ -34,6 +34,7 @@ import torch
 from solar.config.contracts import checkpoint_contract
 from solar.launch.batch import Batch, collate
 from solar.launch.distributed import CollectiveFailure
+from solar.launch.precision import autocast
 from solar.launch.weights import load_base, load_weights, with_base
 from solar.models.registry import model_from_config
 from solar.models.weights import WeightsError, load_into
@@ -137,7 +138,11 @@ def build_stage2(resolved, rank: int, device: torch.device, *, world: int = 1, s
         for role in ("teacher", "critic"):
             _load(models[role], sources[role]["path"], sources[role]["weights"], drop_delta=False,
                   where=f"checkpoint.roles.{role}.path {sources[role]['path']}")
-    teacher = models["teacher"].to(device).eval()
+    # The frozen teacher is stored in the compute dtype: bf16 when the run computes in bf16 (half its
+    # memory; autocast would cast its weights to bf16 for every matmul anyway), fp32 otherwise.
+    from solar.launch.precision import computes_in_bf16
+
+    teacher = models["teacher"].to(device, dtype=torch.bfloat16 if computes_in_bf16(cfg, device) else None).eval()
     for p in teacher.parameters():
         p.requires_grad_(False)
     for role in ("student", "critic"):
@@ -397,7 +402,8 @@ class Stage2:
         for micro, batch in self._batches(loop, step):
             gen = fm.step_generator(cfg.train.seed, step, d.dp_rank, micro, purpose=role)
             loop.heartbeat.update(phase=f"{role}-forward", step=step)
-            loss, extra = loss_fn(loop.parts.model, batch, gen)
+            with autocast(cfg, d.device, sharded=loop.parts.sharded):
+                loss, extra = loss_fn(loop.parts.model, batch, gen)
             loop.heartbeat.update(phase=f"{role}-backward", step=step)
             (loss / accum).backward()
             total += float(loss.detach()) / accum

@@ -1,0 +1,231 @@
+"""GPU memory forecast of a resolved training config, per GPU, before any pod exists (no torch).
+
+What one GPU holds during a step, per role (``model``; Stage2: ``student``, ``critic``,
+``teacher``) and per kind:
+
+- ``parameters``: trainable fp32 master weights (LoRA: the adapters), ``frozen``: weights that do not
+  train (a LoRA base, Stage2's teacher) in their storage dtype; ``gradients`` (fp32), ``optimizer``
+  (AdamW's two fp32 moments), ``ema`` (fp32 shadow of the trainable weights). Sharded runs divide
+  each by the shard group: every rank for ``full_shard``, the GPUs of a node for ``hybrid_shard``.
+- ``working``: bf16 copies the forward computes with. Unsharded under autocast, the cast of every
+  trainable weight is cached for the whole forward (frozen weights are cast per use); sharded,
+  FSDP2 gathers the weights of the running block and the next one, and a block's fp32 gradients
+  before they are reduced.
+- ``activations``: what the forward with grad saves per token and block under the checkpointing
+  policy, plus what sits outside the blocks and the recomputation of one block, from the measured
+  table ``ACTIVATIONS`` (bytes per token per block at the released widths, scaled with the width),
+  at the config's micro-batch and sequence length divided by SP; Stage2 adds the rollout's KV cache.
+
+The peak is every state plus the largest transient (Stage2: the student's or the critic's
+update). A config ``fits`` when the peak leaves ``RESERVE`` of the GPU free (CUDA context, NCCL
+buffers, allocator fragmentation). Figures measured against ``torch.cuda.max_memory_allocated``
+are in bench/RESULTS.md.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+
+from solar.config import families
+from solar.config.contracts import effective_dims, latent_frames
+from solar.config.parameters import layout, lora_pattern
+from solar.errors import ConfigError
+
+GIB = 1 << 30
+RESERVE_FRACTION, RESERVE_MIN = 0.05, 3 * GIB
+PROMPT_TOKENS = 512               # text rows in MiniMax-H3's packed sequence (its text encoder's length)
+
+# Bytes saved per token per block by the forward with grad, bf16 compute, at each family's released
+# width: policy -> (per block, outside the blocks incl. one block's recomputation and the loss).
+# Measured on one H200 with bench/gpu/memory.py (bench/RESULTS.md); other widths scale linearly.
+ACTIVATIONS: dict[str, dict[str, tuple[float, float]]] = {
+    "wan22_ti2v_5b": {"full": (6144.0, 180000.0), "save_attention": (12288.0, 180000.0), "none": (90000.0, 180000.0)},
+    "wan22_i2v_a14b": {"full": (10240.0, 260000.0), "save_attention": (20480.0, 260000.0),
+                       "none": (150000.0, 260000.0)},
+    "ltx25_video": {"full": (8192.0, 300000.0), "save_attention": (16384.0, 300000.0), "none": (180000.0, 300000.0)},
+    "minimax_h3": {"full": (10752.0, 300000.0), "save_attention": (25088.0, 300000.0), "none": (150000.0, 300000.0)},
+}
+
+
+@dataclass
+class Forecast:
+    gpu_memory_bytes: int
+    peak_bytes: int
+    fits: bool
+    roles: dict[str, dict[str, int]]
+    shard_degree: int
+    tokens_per_gpu: dict[str, int]
+    usable_bytes: int
+    suggestions: list[str] = field(default_factory=list)
+
+    def as_dict(self) -> dict:
+        return {"gpu_memory_bytes": self.gpu_memory_bytes, "peak_bytes": self.peak_bytes, "fits": self.fits,
+                "usable_bytes": self.usable_bytes, "shard_degree": self.shard_degree,
+                "tokens_per_gpu": self.tokens_per_gpu, "roles": self.roles, "suggestions": self.suggestions}
+
+
+def shard_degree(cfg, gpus_per_node: int) -> int:
+    """The GPUs one role's states are divided over."""
+    world, strategy = cfg.distributed.world_size, cfg.distributed.sharding
+    if strategy == "none" or world == 1:
+        return 1
+    if strategy == "hybrid_shard" and gpus_per_node < world and world % gpus_per_node == 0:
+        return gpus_per_node
+    return world
+
+
+def _tokens_per_frame(cfg) -> int:
+    spec, dims = families.spec(cfg.model.family), effective_dims(cfg)
+    h, w = cfg.data.height // spec.vae.spatial, cfg.data.width // spec.vae.spatial
+    return (h // dims.patch_size[1]) * (w // dims.patch_size[2])
+
+
+def _sequence(cfg, latents: int) -> int:
+    """Rows of one sample's forward over ``latents`` latent frames (H3: + text, anchor, audio rows)."""
+    n = _tokens_per_frame(cfg)
+    rows = latents * n
+    if cfg.model.family == "minimax_h3":
+        rows += PROMPT_TOKENS + n + 2 * latents
+    return rows
+
+
+def _activation(cfg, tokens: int) -> int:
+    """Bytes the forward with grad of ``tokens`` rows (on this GPU) saves, policy and skipped blocks applied."""
+    family, dims = cfg.model.family, effective_dims(cfg)
+    released = families.spec(family).dims("released")
+    width = (dims.num_heads * dims.head_dim if family != "minimax_h3" else dims.hidden_size)
+    ref = released.num_heads * released.head_dim if family != "minimax_h3" else released.hidden_size
+    scale = width / ref
+    dist = cfg.distributed
+    table = ACTIVATIONS[family]
+    if dist.activation_checkpointing:
+        skipped = min(dist.activation_checkpointing_skip_blocks, dims.num_layers)
+        per_block = table[dist.activation_checkpointing_policy][0]
+        blocks = (dims.num_layers - skipped) * per_block + skipped * table["none"][0]
+    else:
+        blocks = dims.num_layers * table["none"][0]
+    outside = table["full"][1]
+    return int(tokens * scale * (blocks + outside))
+
+
+def _kv_cache(cfg, dims) -> int:
+    """The rollout's bf16 KV cache: the window of clean chunks (plus H3's prefix rows), every layer."""
+    spec = families.spec(cfg.model.family)
+    window = (spec.max_prior_clean_chunks + 1) * spec.chunk_latents * _tokens_per_frame(cfg)
+    if cfg.model.family == "minimax_h3":
+        window += PROMPT_TOKENS + _tokens_per_frame(cfg)
+    return 2 * dims.num_layers * window * dims.num_heads * dims.head_dim * 2 * cfg.train.micro_batch_size
+
+
+def _states(cfg, *, trainable_role: bool, ema: bool, degree: int, bf16: bool, frozen_bf16: bool) -> dict[str, int]:
+    dims = effective_dims(cfg)
+    lay = layout(cfg.model.family, dims, anyflow=cfg.train.objective == "anyflow_forward_map" and trainable_role)
+    total = lay.total
+    if cfg.model.training_mode == "lora":
+        lora = cfg.model.lora
+        trainable = lay.lora(lora_pattern(list(lora.targets)), lora.rank) if trainable_role else 0
+        frozen = total
+    else:
+        trainable, frozen = (total, 0) if trainable_role else (0, total)
+    share = lambda n: -(-n // degree)  # noqa: E731  (ceil: FSDP pads the last shard)
+    frozen_bytes = 2 if frozen_bf16 else 4
+    out = {"parameters": 4 * share(trainable), "frozen": frozen_bytes * share(frozen),
+           "gradients": 4 * share(trainable), "optimizer": 8 * share(trainable),
+           "ema": 4 * share(trainable) if ema else 0}
+    if bf16:
+        if degree > 1:  # two gathered bf16 blocks, one block's unreduced fp32 gradients, the root's own
+            block = lay.per_block
+            out["working"] = 2 * 2 * block + (4 * block if trainable else 0) + 2 * lay.outside
+        else:  # autocast keeps the bf16 cast of every trainable weight for the forward
+            out["working"] = 2 * trainable
+    return {k: v for k, v in out.items() if v}
+
+
+def forecast(resolved, *, gpu_memory_bytes: int, gpus_per_node: int = 8) -> Forecast:
+    """The per-GPU forecast of a resolved ``train`` config (``solar config memory``)."""
+    cfg, route = resolved.config, resolved.route
+    if cfg.action != "train":
+        raise ConfigError("solar config memory forecasts training configs (action: train); this one is "
+                          f"action: {cfg.action}")
+    dims = effective_dims(cfg)
+    degree = shard_degree(cfg, gpus_per_node)
+    bf16 = cfg.model.dtype != "float32"
+    sp, micro = cfg.distributed.sequence_parallel_size, cfg.train.micro_batch_size
+    latents = latent_frames(cfg)
+    roles: dict[str, dict[str, int]] = {}
+    tokens: dict[str, int] = {}
+    ema = cfg.train.ema.enabled
+    if route.stage == "stage2":
+        sgf = cfg.train.sgf
+        cache = _kv_cache(cfg, dims)
+        roles["student"] = _states(cfg, trainable_role=True, ema=ema, degree=degree, bf16=bf16, frozen_bf16=False)
+        roles["critic"] = _states(cfg, trainable_role=True, ema=False, degree=degree, bf16=bf16, frozen_bf16=False)
+        roles["teacher"] = _states(cfg, trainable_role=False, ema=False, degree=degree, bf16=False,
+                                   frozen_bf16=bf16)
+        tokens["student"] = micro * -(-_sequence(cfg, 2 * sgf.rollout_latents) // sp)  # [committed | at exit]
+        tokens["critic"] = micro * -(-_sequence(cfg, sgf.supervised_latents) // sp)
+        roles["student"]["activations"] = _activation(cfg, tokens["student"]) + cache
+        roles["critic"]["activations"] = _activation(cfg, tokens["critic"]) + cache
+    else:
+        roles["model"] = _states(cfg, trainable_role=True, ema=ema, degree=degree, bf16=bf16, frozen_bf16=False)
+        rows = _sequence(cfg, 2 * latents if route.stage == "stage1" else latents)  # Stage1: [clean | noisy]
+        tokens["model"] = micro * -(-rows // sp)
+        roles["model"]["activations"] = _activation(cfg, tokens["model"])
+    states = sum(v for r in roles.values() for k, v in r.items() if k != "activations")
+    peak = states + max(r.get("activations", 0) for r in roles.values())
+    usable = gpu_memory_bytes - max(RESERVE_MIN, int(RESERVE_FRACTION * gpu_memory_bytes))
+    result = Forecast(gpu_memory_bytes, peak, peak <= usable, roles, degree, tokens, usable)
+    if not result.fits:
+        result.suggestions = _suggestions(resolved, gpu_memory_bytes=gpu_memory_bytes, gpus_per_node=gpus_per_node,
+                                          peak=peak)
+    return result
+
+
+def _suggestions(resolved, *, gpu_memory_bytes: int, gpus_per_node: int, peak: int) -> list[str]:
+    """Edits within the config's family rules that bring the forecast under the GPU, cheapest first."""
+    cfg = resolved.config
+    dist = cfg.distributed
+    edits: list[tuple[str, dict]] = []
+    if dist.world_size > 1 and dist.sharding != "full_shard":
+        edits.append(("distributed.sharding=full_shard", {"sharding": "full_shard"}))
+    if not dist.activation_checkpointing or dist.activation_checkpointing_skip_blocks:
+        edits.append(("distributed.activation_checkpointing=true distributed.activation_checkpointing_skip_blocks=0",
+                      {"activation_checkpointing": True, "activation_checkpointing_skip_blocks": 0}))
+    if dist.activation_checkpointing_policy != "full":
+        edits.append(("distributed.activation_checkpointing_policy=full", {"activation_checkpointing_policy": "full"}))
+    found = []
+    for text, change in edits:
+        edited = cfg.model_copy(update={"distributed": dist.model_copy(update=change)})
+        trial = forecast(_Resolved(edited, resolved.route), gpu_memory_bytes=gpu_memory_bytes,
+                         gpus_per_node=gpus_per_node)
+        if trial.fits:
+            found.append(f"{text} (forecast {trial.peak_bytes / GIB:.1f} GiB)")
+    if not found:
+        found.append("more GPUs per shard group, a larger distributed.sequence_parallel_size where the family "
+                     "allows it, or a GPU with more memory")
+    return found
+
+
+@dataclass
+class _Resolved:
+    config: object
+    route: object
+
+
+def table(fc: Forecast) -> str:
+    """The forecast as text: one row per role and kind, then the peak and the verdict."""
+    kinds = ("parameters", "frozen", "gradients", "optimizer", "ema", "working", "activations")
+    lines = [f"{'role':<8} " + " ".join(f"{k:>11}" for k in kinds) + "    (GiB per GPU)"]
+    for role, parts in fc.roles.items():
+        lines.append(f"{role:<8} " + " ".join(f"{parts.get(k, 0) / GIB:>11.2f}" for k in kinds))
+    verdict = "fits" if fc.fits else "does NOT fit"
+    lines.append(f"peak {fc.peak_bytes / GIB:.1f} GiB of {fc.gpu_memory_bytes / GIB:.0f} GiB "
+                 f"({fc.usable_bytes / GIB:.1f} usable): {verdict}; states divided over {fc.shard_degree} GPU(s), "
+                 + ", ".join(f"{r} {t:,} tokens" for r, t in fc.tokens_per_gpu.items()))
+    lines += [f"to fit: {s}" for s in fc.suggestions]
+    return "\n".join(lines)
+
+
+def _gib(n: float) -> int:
+    return int(math.ceil(n * GIB))
