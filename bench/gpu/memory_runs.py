@@ -25,7 +25,8 @@ WORK = Path(os.environ.get("BENCH_WORK", "/tmp/solar-memory"))
 WAN = "configs/solar_wm/wan22_ti2v_5b"
 COMMON = ["distributed.world_size=1", "distributed.sharding=none", "train.global_batch_size=1",
           "runtime.validate_every=0", "runtime.validation_steps=[]", "runtime.save_every=0", "runtime.log_every=1",
-          "model.pretrained_path=", "model.vae_path=", "checkpoint.mode=none", "train.max_steps=1000"]
+          "model.pretrained_path=", "model.vae_path=", "checkpoint.mode=none", "train.max_steps=1000",
+          "data.train_index=train-index.jsonl.gz", "data.test_index=test-index.jsonl.gz"]
 CASES = {
     "s05_l10_480": (f"{WAN}/train_stage0p5_fm_81f.yaml", ["model.dims.num_layers=10"]),
     "s05_l10_704_save_attention": (f"{WAN}/train_stage0p5_fm_81f.yaml", [
