@@ -29,9 +29,8 @@ COMMON = ["distributed.world_size=1", "distributed.sharding=none", "train.global
           "data.train_index=train-index.jsonl.gz", "data.test_index=test-index.jsonl.gz"]
 CASES = {
     "s05_l10_480": (f"{WAN}/train_stage0p5_fm_81f.yaml", ["model.dims.num_layers=10"]),
-    "s05_l10_704_save_attention": (f"{WAN}/train_stage0p5_fm_81f.yaml", [
-        "model.dims.num_layers=10", "data.height=704", "data.width=1280",
-        "distributed.activation_checkpointing_policy=save_attention"]),
+    "s05_153f_l10_save_attention": (f"{WAN}/train_stage0p5_fm_153f.yaml", [
+        "model.dims.num_layers=10", "distributed.activation_checkpointing_policy=save_attention"]),
     "s05_l30_480": (f"{WAN}/train_stage0p5_fm_81f.yaml", []),
     "s05_l20_480_skip4": (f"{WAN}/train_stage0p5_fm_81f.yaml", [
         "model.dims.num_layers=20", "distributed.activation_checkpointing_skip_blocks=4"]),
