@@ -450,8 +450,10 @@ class Stage2:
         losses = {"critic": loss}
         if event["student_updated"]:
             losses["student"] = event["student_loss"]
+        from solar.train.engine import memory_reading
+
         event.update(loss=loss, loss_mean=mean, losses=losses, grad_norm=norm, lr=lr, step_seconds=seconds,
-                     student_step=self.student_step, samples=records, ema=p.ema.exists)
+                     student_step=self.student_step, samples=records, ema=p.ema.exists, memory=memory_reading())
         loop.events.write("step", **event)
         loop.last = {"step": step, "loss": mean, "grad_norm": norm, "step_seconds": seconds,
                      "student_step": self.student_step}
