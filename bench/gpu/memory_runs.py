@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import signal
 import subprocess
 import sys
@@ -64,6 +65,7 @@ def run(name: str) -> dict:
     height, width = int(_value(sets, "data.height", "480")), int(_value(sets, "data.width", "864"))
     data = _data(height, width)
     out = WORK / "runs" / name
+    shutil.rmtree(out, ignore_errors=True)  # a case run again starts a new run directory
     sets = sets + [f"data.root={data}", f"runtime.output_dir={out}"]
     resolved = resolve_file(REPO / config, sets, expected_action="train")
     forecast = memory.forecast(resolved, gpu_memory_bytes=143771 << 20)
