@@ -37,8 +37,11 @@ CASES = {
         "model.dims.num_layers=20", "distributed.activation_checkpointing_skip_blocks=4"]),
     "s1_anyflow_l10_480": (f"{WAN}/train_stage1_tf_anyflow_81f.yaml", ["model.dims.num_layers=10",
                                                                         "checkpoint.path=null", "checkpoint.weights=null"]),
-    "s2_l5_480": (f"{WAN}/train_stage2_sgf_81f.yaml", ["model.dims.num_layers=5", "checkpoint.roles=null"]),
-    "s2_l10_480": (f"{WAN}/train_stage2_sgf_81f.yaml", ["model.dims.num_layers=10", "checkpoint.roles=null"]),
+    # the student's EMA from its first update (released: 39), so the steady state is measured
+    "s2_l5_480": (f"{WAN}/train_stage2_sgf_81f.yaml", ["model.dims.num_layers=5", "checkpoint.roles=null",
+                                                       "train.ema.start_step=1"]),
+    "s2_l10_480": (f"{WAN}/train_stage2_sgf_81f.yaml", ["model.dims.num_layers=10", "checkpoint.roles=null",
+                                                        "train.ema.start_step=1"]),
 }
 STEPS = {"s2_l5_480": 12, "s2_l10_480": 12}  # Stage2: student updates at outer steps 6 and 11 (AdamW allocates its state at the first)
 

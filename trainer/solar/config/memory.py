@@ -14,7 +14,9 @@ What one GPU holds during a step, per role (``model``; Stage2: ``student``, ``cr
 - ``activations``: what the forward with grad saves per token and block under the checkpointing
   policy, plus what sits outside the blocks and the recomputation of one block, from the measured
   table ``ACTIVATIONS`` (bytes per token per block at the released widths, scaled with the width),
-  at the config's micro-batch and sequence length divided by SP; Stage2 adds the rollout's KV cache.
+  at the config's micro-batch and sequence length divided by SP. Stage2 updates one role at a time
+  with that role's gradients freed: its entry is what the update's activations and bf16 casts add
+  beyond those gradients, plus the rollout's KV cache.
 
 The peak is every state plus the largest transient (Stage2: the student's or the critic's
 update). A config ``fits`` when the peak leaves ``RESERVE`` of the GPU free (CUDA context, NCCL
@@ -36,15 +38,19 @@ GIB = 1 << 30
 RESERVE_FRACTION, RESERVE_MIN = 0.05, 3 * GIB
 PROMPT_TOKENS = 512               # text rows in MiniMax-H3's packed sequence (its text encoder's length)
 
-# Bytes saved per token per block by the forward with grad, bf16 compute, at each family's released
-# width: policy -> (per block, outside the blocks incl. one block's recomputation and the loss).
-# Measured on one H200 with bench/gpu/memory.py (bench/RESULTS.md); other widths scale linearly.
+# Bytes per token of the forward with grad, bf16 compute, at each family's released width: policy ->
+# (per block, outside the blocks: the loss, the head, one block's recomputation). Measured on one H200
+# with bench/gpu/memory.py (bench/gpu/results/2026-12-04-memory-table.jsonl); other widths scale
+# linearly. For Wan, whose every weight trains, a checkpointed block's saved input is hidden in that
+# measurement by the gradients, which peak at the end of the backward when the inputs are freed
+# (measured 55 and -205 B): the table holds what the checkpoint saves instead, the block's bf16 input
+# (plus its attention output under save_attention), which is what a sharded run, whose gradients are
+# divided, holds at the start of the backward.
 ACTIVATIONS: dict[str, dict[str, tuple[float, float]]] = {
-    "wan22_ti2v_5b": {"full": (6144.0, 180000.0), "save_attention": (12288.0, 180000.0), "none": (90000.0, 180000.0)},
-    "wan22_i2v_a14b": {"full": (10240.0, 260000.0), "save_attention": (20480.0, 260000.0),
-                       "none": (150000.0, 260000.0)},
-    "ltx25_video": {"full": (8192.0, 300000.0), "save_attention": (16384.0, 300000.0), "none": (180000.0, 300000.0)},
-    "minimax_h3": {"full": (10752.0, 300000.0), "save_attention": (25088.0, 300000.0), "none": (150000.0, 300000.0)},
+    "wan22_ti2v_5b": {"full": (2 * 3072, 266757), "save_attention": (4 * 3072, 267030), "none": (224101, 64362)},
+    "wan22_i2v_a14b": {"full": (2 * 5120, 405617), "save_attention": (4 * 5120, 405686), "none": (332683, 107418)},
+    "ltx25_video": {"full": (41099, 522775), "save_attention": (57869, 506222), "none": (515557, 41881)},
+    "minimax_h3": {"full": (75167, 472335), "save_attention": (89795, 457620), "none": (414701, 152519)},
 }
 
 
@@ -101,11 +107,10 @@ def _activation(cfg, tokens: int) -> int:
     table = ACTIVATIONS[family]
     if dist.activation_checkpointing:
         skipped = min(dist.activation_checkpointing_skip_blocks, dims.num_layers)
-        per_block = table[dist.activation_checkpointing_policy][0]
+        per_block, outside = table[dist.activation_checkpointing_policy]
         blocks = (dims.num_layers - skipped) * per_block + skipped * table["none"][0]
     else:
-        blocks = dims.num_layers * table["none"][0]
-    outside = table["full"][1]
+        blocks, outside = dims.num_layers * table["none"][0], table["none"][1]
     return int(tokens * scale * (blocks + outside))
 
 
@@ -165,8 +170,13 @@ def forecast(resolved, *, gpu_memory_bytes: int, gpus_per_node: int = 8) -> Fore
                                    frozen_bf16=bf16)
         tokens["student"] = micro * -(-_sequence(cfg, 2 * sgf.rollout_latents) // sp)  # [committed | at exit]
         tokens["critic"] = micro * -(-_sequence(cfg, sgf.supervised_latents) // sp)
-        roles["student"]["activations"] = _activation(cfg, tokens["student"]) + cache
-        roles["critic"]["activations"] = _activation(cfg, tokens["critic"]) + cache
+        # One role updates at a time, its gradients freed before its forward (zero_grad(set_to_none)):
+        # its activations and bf16 weight casts take the place of its gradients until the backward
+        # allocates them again, so the transient beyond the states is what exceeds those gradients.
+        for role in ("student", "critic"):
+            parts = roles[role]
+            extra = _activation(cfg, tokens[role]) + parts.pop("working", 0) - parts.get("gradients", 0)
+            parts["activations"] = max(extra, 0) + cache
     else:
         roles["model"] = _states(cfg, trainable_role=True, ema=ema, degree=degree, bf16=bf16, frozen_bf16=False)
         rows = _sequence(cfg, 2 * latents if route.stage == "stage1" else latents)  # Stage1: [clean | noisy]
