@@ -167,7 +167,8 @@ class OutputNorm(nn.Module):
 class _Rows:
     """What a block needs about the rows it runs over."""
 
-    mods: list[torch.Tensor]          # six [B, S, hidden] modulation rows
+    temb: torch.Tensor                # [B, G, time_dim] time embedding of every group
+    adaln: torch.Tensor               # [S] each row's (group, modality) row of the AdaLN tables
     cos: torch.Tensor
     sin: torch.Tensor
     camera_frame: torch.Tensor        # [S]
@@ -231,7 +232,10 @@ class Block(nn.Module):
         return self.attn.to_out[0](out.flatten(2))
 
     def forward(self, x: torch.Tensor, rows: _Rows, layer: LayerCache | None = None, mode: str = "full") -> torch.Tensor:
-        shift, scale, gate, shift_mlp, scale_mlp, gate_mlp = rows.mods
+        # Per-row modulation from the per-group tables, inside the block: under activation
+        # checkpointing only the small tables are kept, not six [B, S, hidden] rows per block.
+        shift, scale, gate, shift_mlp, scale_mlp, gate_mlp = (
+            m.index_select(1, rows.adaln) for m in self.adaln_proj(rows.temb))
         h = self.norm1(x) * (1.0 + scale) + shift
         x = x + gate * self.attention(h, rows, layer, mode)
         h = self.norm2(x) * (1.0 + scale_mlp) + shift_mlp
@@ -338,9 +342,8 @@ class H3DiT(nn.Module):
             camera_frame, positions = camera_frame[lo:hi], positions[lo:hi]
             attend = ulysses(attend, sp, lambda: splits)
         cos, sin = rope_tables(positions, self.cfg.rope_freq_dim, self.cfg.rope_theta)
+        step = _Rows(temb, adaln, cos, sin, camera_frame, cams, mask, attend)
         for i, block in enumerate(self.transformer_blocks):
-            mods = [m.index_select(1, adaln) for m in block.adaln_proj(temb)]
-            step = _Rows(mods, cos, sin, camera_frame, cams, mask, attend)
             x = block(x, step, None if cache is None else cache.layers[i], mode)
         out = self.norm_out(x, temb, group_of_row)
         video = self.proj_out(out.to(self.proj_out.weight.dtype))
