@@ -40,7 +40,7 @@ PROMPT_TOKENS = 512               # text rows in MiniMax-H3's packed sequence (i
 
 # Bytes per token of the forward with grad, bf16 compute, at each family's released width: policy ->
 # (per block, outside the blocks: the loss, the head, one block's recomputation). Measured on one H200
-# with bench/gpu/memory.py (bench/gpu/results/2026-12-04-memory-table.jsonl); other widths scale
+# with bench/gpu/memory.py (bench/gpu/results/2026-12-04-memory-table*.jsonl); other widths scale
 # linearly. For Wan, whose every weight trains, a checkpointed block's saved input is hidden in that
 # measurement by the gradients, which peak at the end of the backward when the inputs are freed
 # (measured 55 and -205 B): the table holds what the checkpoint saves instead, the block's bf16 input
@@ -50,7 +50,7 @@ ACTIVATIONS: dict[str, dict[str, tuple[float, float]]] = {
     "wan22_ti2v_5b": {"full": (2 * 3072, 266757), "save_attention": (4 * 3072, 267030), "none": (224101, 64362)},
     "wan22_i2v_a14b": {"full": (2 * 5120, 405617), "save_attention": (4 * 5120, 405686), "none": (332683, 107418)},
     "ltx25_video": {"full": (41099, 522775), "save_attention": (57869, 506222), "none": (515557, 41881)},
-    "minimax_h3": {"full": (75167, 472335), "save_attention": (89795, 457620), "none": (414701, 152519)},
+    "minimax_h3": {"full": (10032, 537453), "save_attention": (25334, 522102), "none": (428176, 117387)},
 }
 
 

@@ -1,0 +1,143 @@
+"""``solar config memory``: the forecast of every released training config, its arithmetic, and its
+state terms held to torch's own memory tracker on a real tiny training step (the activation table is
+held to ``torch.cuda.max_memory_allocated`` on the GPU: bench/RESULTS.md)."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from solar.config import memory
+from solar.config.resolve import resolve_file
+from tests.conftest import CONFIGS
+
+RELEASED = sorted(p for p in CONFIGS.glob("*/train_*.yaml"))
+GIB = memory.GIB
+
+
+def _forecast(path, sets=(), gib=141.0, per_node=8):
+    resolved = resolve_file(path, list(sets), expected_action="train", placeholders=False)
+    return memory.forecast(resolved, gpu_memory_bytes=int(gib * GIB), gpus_per_node=per_node)
+
+
+@pytest.mark.parametrize("path", RELEASED, ids=lambda p: f"{p.parent.name}/{p.name}")
+def test_every_released_training_config_fits_an_h200_at_its_topology(path, cli):
+    result = cli("config", "memory", "--config", str(path), "--gpu-memory-gib", "141", "--json")
+    assert result.code == 0, result.err
+    doc = json.loads(result.out)
+    assert doc["fits"] is True and doc["gpu_memory_bytes"] == 141 * GIB
+    assert 0 < doc["peak_bytes"] <= doc["usable_bytes"] < doc["gpu_memory_bytes"]
+    roles = doc["roles"]
+    assert set(roles) == ({"student", "critic", "teacher"} if "stage2" in path.name else {"model"})
+    assert doc["peak_bytes"] == sum(v for r in roles.values() for k, v in r.items() if k != "activations") + max(
+        r.get("activations", 0) for r in roles.values())
+
+
+def test_a_config_that_does_not_fit_exits_0_and_says_what_would(cli):
+    path = CONFIGS / "minimax_h3" / "train_stage2_sgf_158f.yaml"  # three 33B roles, shard groups of 8
+    result = cli("config", "memory", "--config", str(path), "--gpu-memory-gib", "80")
+    assert result.code == 0, result.err
+    assert "does NOT fit" in result.out and "to fit: distributed.sharding=full_shard" in result.out
+    doc = json.loads(cli("config", "memory", "--config", str(path), "--gpu-memory-gib", "80", "--json").out)
+    assert doc["fits"] is False and doc["peak_bytes"] > doc["usable_bytes"]
+    assert any(s.startswith("distributed.sharding=full_shard") for s in doc["suggestions"])
+
+
+def test_bad_flags_are_one_line_errors(cli):
+    path = CONFIGS / "wan22_ti2v_5b" / "train_stage0p5_fm_81f.yaml"
+    for flags, fragment in ((["--gpu-memory-gib", "0"], "--gpu-memory-gib 0"), (["--gpus-per-node", "0"], "--gpus-per-node 0")):
+        result = cli("config", "memory", "--config", str(path), *flags)
+        assert result.code == 2 and fragment in result.err and result.err.count("\n") == 1
+    infer = CONFIGS / "wan22_ti2v_5b" / "infer_stage0p5_fm_81f.yaml"
+    result = cli("config", "memory", "--config", str(infer))
+    assert result.code == 2 and "action" in result.err
+
+
+def test_sharding_divides_the_states_and_sp_the_tokens():
+    path = CONFIGS / "wan22_ti2v_5b" / "train_stage0p5_fm_81f.yaml"
+    base = ["distributed.world_size=16", "train.global_batch_size=16"]
+    one = _forecast(path, base + ["distributed.sharding=none"])
+    full = _forecast(path, base + ["distributed.sharding=full_shard"])
+    hybrid = _forecast(path, base + ["distributed.sharding=hybrid_shard"], per_node=8)
+    assert (one.shard_degree, full.shard_degree, hybrid.shard_degree) == (1, 16, 8)
+    for kind in ("parameters", "gradients", "optimizer", "ema"):
+        assert full.roles["model"][kind] == pytest.approx(one.roles["model"][kind] / 16, rel=1e-6)
+        assert hybrid.roles["model"][kind] == pytest.approx(one.roles["model"][kind] / 8, rel=1e-6)
+    a14b = CONFIGS / "wan22_i2v_a14b" / "train_stage0p5_fm_81f.yaml"
+    sp1 = _forecast(a14b, ["distributed.world_size=16", "distributed.sequence_parallel_size=1", "train.global_batch_size=16"])
+    sp2 = _forecast(a14b, ["distributed.world_size=16", "distributed.sequence_parallel_size=2", "train.global_batch_size=8"])
+    assert sp2.tokens_per_gpu["model"] * 2 == sp1.tokens_per_gpu["model"]
+    assert sp2.roles["model"]["activations"] * 2 == pytest.approx(sp1.roles["model"]["activations"], rel=1e-3)
+
+
+def test_checkpointing_policies_order_the_activations():
+    path = CONFIGS / "wan22_ti2v_5b" / "train_stage0p5_fm_81f.yaml"
+    act = {name: _forecast(path, sets).roles["model"]["activations"] for name, sets in (
+        ("full", ["distributed.activation_checkpointing_policy=full"]),
+        ("save_attention", ["distributed.activation_checkpointing_policy=save_attention"]),
+        ("skip10", ["distributed.activation_checkpointing_skip_blocks=10"]),
+        ("none", ["distributed.activation_checkpointing=false"]))}
+    assert act["full"] < act["save_attention"] < act["skip10"] < act["none"]
+
+
+@pytest.mark.parametrize("config", ["wan22_ti2v_5b/train_stage0p5_fm_81f.yaml", "minimax_h3/train_stage0p5_fm_158f.yaml"])
+def test_state_terms_equal_torchs_memory_tracker_on_a_real_step(config, tmp_path):
+    """The product builds the tiny run (model, LoRA, AdamW, EMA) and takes one step; the tensors it
+    holds are counted (and, for the fully trained Wan, torch's MemTracker counts the same), the EMA
+    is its shadow's bytes."""
+    import torch
+    from torch.distributed._tools.mem_tracker import MemTracker
+
+    from solar.data.synth import synthesize
+    from solar.launch.batch import collate
+    from solar.train.setup import build_parts
+
+    family = config.split("/")[0]
+    synthesize(family, tmp_path / "data", samples=4, seed=0)
+    path = CONFIGS / "tiny" / config
+    sets = [f"data.root={tmp_path / 'data'}", f"runtime.output_dir={tmp_path / 'run'}",
+            "distributed.world_size=1", "distributed.sequence_parallel_size=1", "train.global_batch_size=1",
+            "model.dtype=float32"]
+    if family == "minimax_h3":  # its training route asks SP 2: the forecast is per GPU at the same size either way
+        sets = [s for s in sets if "sequence_parallel" not in s and "world_size" not in s and "global" not in s]
+        sets += ["distributed.world_size=2", "distributed.sequence_parallel_size=2", "train.global_batch_size=1"]
+    resolved = resolve_file(path, sets, expected_action="train")
+    expected = memory.forecast(resolved, gpu_memory_bytes=80 * GIB).roles["model"]
+    parts = build_parts(resolved, 0, torch.device("cpu"))
+    from solar.train.objective import objective_for
+
+    class One:  # the objective wants a dist with a DP rank and a gather
+        dp_rank, dp_world = 0, 1
+
+        @staticmethod
+        def all_gather_object(obj, name):
+            return [obj]
+
+    silence = torch.randn(2, 12, 32) * 0.05 if family == "minimax_h3" else None
+    objective, _ = objective_for(resolved, One, silence)
+    # MemTracker hooks every parameter's gradient, which a frozen (LoRA base) parameter refuses
+    tracker = MemTracker() if family != "minimax_h3" else None
+    if tracker is not None:
+        tracker.track_external(parts.model, parts.optimizer)
+        tracker.__enter__()
+    parts.optimizer.zero_grad(set_to_none=True)
+    loss, _ = objective(parts.model, collate([parts.stream.next_clip()]), 1, 0)
+    loss.backward()
+    parts.optimizer.step()
+    parts.ema.update(1)
+    nbytes = lambda ts: sum(t.numel() * t.element_size() for t in ts)  # noqa: E731
+    params = list(parts.model.parameters())
+    counted = {"PARAM": nbytes(params), "GRAD": nbytes(p.grad for p in params if p.grad is not None),
+               "OPT": nbytes(t for st in parts.optimizer.state.values() for t in st.values() if torch.is_tensor(t))}
+    if tracker is not None:
+        snapshot = tracker.get_tracker_snapshot()
+        tracker.__exit__(None, None, None)
+        tracked = {str(k).split(".")[-1]: v for k, v in snapshot[torch.device("cpu")].items()}
+        assert {k: tracked[k] for k in counted} == counted
+    frozen = nbytes(p for p in params if not p.requires_grad)
+    assert counted["PARAM"] - frozen == expected["parameters"] and frozen == expected.get("frozen", 0)
+    assert counted["GRAD"] == expected["gradients"]
+    steps = 4 * len(parts.params)  # AdamW's per-parameter step counters
+    assert counted["OPT"] == expected["optimizer"] + steps
+    assert nbytes(parts.ema.shadow.values()) == expected["ema"]
