@@ -84,6 +84,7 @@ def test_interrupted_run_continues_where_it_stopped_and_finishes(data, tmp_path)
     (lambda d: d["spec"]["topology"].update(nodes=2), "single-node runs only"),
     (lambda d: d["spec"]["stages"][0]["set"].append("runtime.output_dir=/x"), "is set by the run"),
     (lambda d: d["spec"].update(family="wan3"), "spec.family"),
+    (lambda d: d["spec"]["topology"].update(gpuMemory="3Gi"), "does not fit topology.gpuMemory 3Gi"),
 ])
 def test_bad_manifests_are_refused_before_anything_runs(edit, fragment, data, tmp_path):
     manifest, workdir = _manifest(tmp_path, data, edit), tmp_path / "runs"

@@ -84,7 +84,7 @@ def test_a_three_stage_run_advances_as_its_jobs_finish(world):
             assert job["metadata"]["ownerReferences"][0]["uid"] == world.run("three-stage")["metadata"]["uid"]
         assert sorted(world.jobs()) == ["three-stage-anyflow", "three-stage-fm", "three-stage-generate"]
         reasons = wait_for(lambda: (lambda r: r if "Completed" in r else None)(world.event_reasons("three-stage")))
-        assert reasons == ["Resolved", "StageStarted", "StageRunning", "StageSucceeded", "StageStarted",
+        assert reasons == ["Resolved", "MemoryForecast", "StageStarted", "StageRunning", "StageSucceeded", "StageStarted",
                            "StageSucceeded", "StageStarted", "StageSucceeded", "Completed"]
         text = _scrape()
         labels = f'namespace="{world.namespace}",run="three-stage",stage="fm"'

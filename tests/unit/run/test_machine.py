@@ -205,7 +205,7 @@ def test_a_job_created_before_an_operator_restart_is_adopted_not_duplicated():
     sim.jobs["fm"] = JobState("tiny-wan-fm", "Running", attempt=1, created=T0)
     d = sim.step()
     assert not d.actions and sim.status.stage("fm").job == "tiny-wan-fm" and sim.status.stage("fm").attempt == 1
-    assert [e[1] for e in d.events] == ["Resolved", "JobAdopted", "StageRunning"]
+    assert [e[1] for e in d.events] == ["Resolved", "MemoryForecast", "JobAdopted", "StageRunning"]
     assert not sim.step().events  # adopted once
 
 
@@ -217,7 +217,7 @@ def test_every_stage_transition_has_an_event():
     sim.succeed("fm")
     sim.step()
     reasons = [e[1] for e in sim.events]
-    assert reasons == ["Resolved", "StageStarted", "StageRunning", "StageSucceeded", "StageStarted"]
+    assert reasons == ["Resolved", "MemoryForecast", "StageStarted", "StageRunning", "StageSucceeded", "StageStarted"]
 
 
 def test_the_deadline_of_a_retry_runs_from_its_own_job_not_the_stage_start():

@@ -99,3 +99,38 @@ def test_job_names_are_dns_labels_within_63_characters_with_worker_suffixes():
 
     for name in (long, job_name("x" * 60, "y" * 60)):
         assert re.fullmatch(r"[a-z]([-a-z0-9]*[a-z0-9])?", name)
+
+
+def test_every_training_stage_carries_its_memory_forecast():
+    plan = plan_run(_spec(), "/runs/tiny-wan", repo=REPO, environ={})
+    assert [(s.name, s.memory_peak is not None, s.gpu_memory) for s in plan.stages] == [
+        ("fm", True, None), ("anyflow", True, None), ("dmd", True, None), ("generate", False, None)]
+
+    def declared(spec):
+        spec["topology"]["gpuMemory"] = "80Gi"
+    planned = plan_run(_spec(declared), "/runs/tiny-wan", repo=REPO, environ={})
+    assert {s.gpu_memory for s in planned.stages if s.action == "train"} == {80 << 30}
+
+
+def test_a_stage_that_does_not_fit_the_declared_gpu_memory_is_refused_naming_the_figures():
+    def small(spec):
+        spec["topology"]["gpuMemory"] = "3Gi"  # nothing fits: 3 GiB are kept for CUDA and NCCL
+    invalid = _invalid(small)
+    assert invalid.reason == "InsufficientGPUMemory" and invalid.stage == "fm"
+    assert "forecast 0.0 GiB per GPU does not fit topology.gpuMemory 3Gi (0.0 GiB usable)" in invalid.message
+    assert "to fit:" in invalid.message and "solar config memory" in invalid.message
+
+
+@pytest.mark.parametrize("text, expected", [("80Gi", 80 << 30), ("141G", 141 * 10**9), ("1.5Ti", 3 << 39),
+                                            ("1024", 1024), ("512Mi", 512 << 20)])
+def test_gpu_memory_is_a_kubernetes_quantity(text, expected):
+    from solar.run.spec import quantity_bytes
+
+    assert quantity_bytes(text) == expected
+
+
+def test_a_gpu_memory_that_is_not_a_quantity_is_an_invalid_spec():
+    from pydantic import ValidationError
+
+    with pytest.raises(ValidationError, match="gpuMemory"):
+        _spec(lambda spec: spec["topology"].update(gpuMemory="80 GB"))

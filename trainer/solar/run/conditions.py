@@ -32,8 +32,10 @@ UNRESOLVED_PLACEHOLDER = Reason("UnresolvedPlaceholder", "{detail}")
 TOPOLOGY_MISMATCH = Reason("TopologyMismatch", "{detail}")
 INVALID_INIT = Reason("InvalidInit", "{detail}")
 INVALID_SPEC = Reason("InvalidSpec", "{detail}")
+INSUFFICIENT_GPU_MEMORY = Reason("InsufficientGPUMemory", "{detail}")
 VALIDATION_REASONS = tuple(r.name for r in (UNSUPPORTED_ROUTE, UNRESOLVED_PLACEHOLDER, TOPOLOGY_MISMATCH,
-                                            INVALID_INIT, INVALID_SPEC))
+                                            INVALID_INIT, INVALID_SPEC, INSUFFICIENT_GPU_MEMORY))
+MEMORY_FORECAST = Reason("MemoryForecast", "GPU memory per GPU forecast: {detail}")
 
 # Progress
 STAGE_STARTED = Reason("StageStarted", "stage {stage} attempt {attempt} ({how}): job {job}")

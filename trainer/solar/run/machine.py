@@ -35,7 +35,15 @@ from solar.run import conditions as C
 from solar.run import failure, progress_deadline, resume, success, suspend
 from solar.run.observe import StageFiles
 from solar.run.plan import RunInvalid, RunPlan, StagePlan, job_name
-from solar.run.spec import CheckpointStatus, SolarRunSpec, SolarRunStatus, StageStatus, StatusTopology, ValidationStatus
+from solar.run.spec import (
+    CheckpointStatus,
+    MemoryStatus,
+    SolarRunSpec,
+    SolarRunStatus,
+    StageStatus,
+    StatusTopology,
+    ValidationStatus,
+)
 
 TERMINAL = ("Succeeded", "Failed")
 
@@ -154,6 +162,14 @@ def reconcile(spec: SolarRunSpec | None, previous: SolarRunStatus | None, obs: O
     message = C.RESOLVED.message(stages=len(plan.stages))
     if previous is None or not C.is_true(previous.conditions, C.VALIDATED):
         r.event("Normal", C.RESOLVED, message)
+        forecasts = [f"{p.name} {p.memory_peak / 2**30:.1f} GiB" + (f" of {p.gpu_memory / 2**30:.0f} GiB"
+                                                                     if p.gpu_memory else "")
+                     for p in plan.stages if p.memory_peak is not None]
+        if forecasts:
+            r.event("Normal", C.MEMORY_FORECAST, C.MEMORY_FORECAST.message(detail=", ".join(forecasts)))
+    for p in plan.stages:
+        if p.memory_peak is not None:
+            status.stage(p.name).memory = MemoryStatus(peakBytes=p.memory_peak, gpuMemoryBytes=p.gpu_memory)
     r.condition(C.VALIDATED, "True", C.RESOLVED, message)
     status.topology = StatusTopology(worldSize=plan.world_size, logicalDataParallelSize=plan.logical_dp,
                                      globalBatchSize=plan.global_batch)

@@ -14,7 +14,8 @@ in order, the stage's own ``set`` and the edits the run owns:
 
 A stage's own ``set`` may not touch keys the run owns. Failures carry the reason the
 ``Validated`` condition reports: UnsupportedRoute, UnresolvedPlaceholder, TopologyMismatch,
-InvalidInit or InvalidSpec.
+InvalidInit, InvalidSpec, or InsufficientGPUMemory (a training stage whose memory forecast does not
+fit a declared ``topology.gpuMemory``; every training stage's forecast is part of the plan).
 """
 
 from __future__ import annotations
@@ -52,6 +53,8 @@ class StagePlan:
     sources: dict = field(default_factory=dict)   # role -> (stage, weights)
     nodes: int = 1
     nproc: int = 1                   # processes per node (torchrun --nproc-per-node)
+    memory_peak: int | None = None   # training: forecast peak GPU memory per GPU (solar config memory)
+    gpu_memory: int | None = None    # the declared topology.gpuMemory it fits
 
     def checkpoint_dir(self, step: int) -> str:
         """A checkpoint of this stage as the trainer (the pods) see it."""
@@ -136,12 +139,31 @@ def plan_run(spec: SolarRunSpec, run_root: str, *, repo: str | os.PathLike[str] 
                                             f"{spec.family}", stage.name)
         final = cfg.train.max_steps if cfg.action == "train" else None
         validation_step = _last_validation_step(cfg) if cfg.action == "train" else None
+        peak, gpu = _memory(resolved, t, t.gpuMemory or spec.topology.gpuMemory, where, stage.name) \
+            if cfg.action == "train" else (None, None)
         plans.append(StagePlan(stage.name, index, cfg.action, route.key, stage.config, sets, stage_dir, final,
                                validation_step, cfg.action == "infer" and bool(cfg.validation.passes), sources,
-                               nodes=t.nodes, nproc=t.gpusPerNode))
+                               nodes=t.nodes, nproc=t.gpusPerNode, memory_peak=peak, gpu_memory=gpu))
     t = spec.topology
     dp = t.world_size // t.sequenceParallelSize
     return RunPlan(tuple(plans), t.world_size, dp, t.globalBatchSize or dp * t.microBatchSize * t.gradientAccumulation)
+
+
+def _memory(resolved, topology, declared: str | None, where: str, stage: str) -> tuple[int, int | None]:
+    """The stage's forecast peak per GPU, refused when a declared ``topology.gpuMemory`` (the stage's,
+    else the run's) is too small."""
+    from solar.config import memory
+    from solar.run.spec import quantity_bytes
+
+    gpu = quantity_bytes(declared) if declared else None
+    forecast = memory.forecast(resolved, gpu_memory_bytes=gpu or 80 * memory.GIB, gpus_per_node=topology.gpusPerNode)
+    if gpu is not None and not forecast.fits:
+        gib = memory.GIB
+        raise RunInvalid("InsufficientGPUMemory", f"{where}: forecast {forecast.peak_bytes / gib:.1f} GiB per GPU "
+                         f"does not fit topology.gpuMemory {declared} ({forecast.usable_bytes / gib:.1f} GiB "
+                         f"usable); to fit: {'; '.join(forecast.suggestions)} (solar config memory shows each role)",
+                         stage)
+    return forecast.peak_bytes, gpu
 
 
 _CONFIGS: dict[tuple[str, int, int], tuple[str, dict]] = {}

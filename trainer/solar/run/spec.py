@@ -19,6 +19,20 @@ PosInt = Annotated[int, Field(ge=1)]
 Family = Literal["wan22_ti2v_5b", "wan22_i2v_a14b", "ltx25_video", "minimax_h3"]
 Phase = Literal["Pending", "Running", "Succeeded", "Failed", "Suspended"]
 Weights = Literal["live", "ema"]
+QUANTITY = r"^[0-9]+(\.[0-9]+)?(Ki|Mi|Gi|Ti|k|M|G|T)?$"
+_UNITS = {"": 1, "Ki": 1 << 10, "Mi": 1 << 20, "Gi": 1 << 30, "Ti": 1 << 40, "k": 10**3, "M": 10**6, "G": 10**9,
+          "T": 10**12}
+
+
+def quantity_bytes(text: str) -> int:
+    """A Kubernetes memory quantity (``80Gi``, ``141G``, ``1.5Ti``, plain bytes) in bytes."""
+    import re
+
+    match = re.fullmatch(QUANTITY, text)
+    if match is None:
+        raise ValueError(f"{text!r} is not a memory quantity such as 80Gi")
+    unit = match.group(2) or ""
+    return int(float(text[: len(text) - len(unit)]) * _UNITS[unit])
 
 
 class Doc(BaseModel):
@@ -32,6 +46,10 @@ class Topology(Doc):
     microBatchSize: PosInt = Field(1, description="Clips per rank per micro-batch (training stages).")
     gradientAccumulation: PosInt = Field(1, description="Micro-batches per optimizer step (training stages).")
     globalBatchSize: PosInt | None = Field(None, description="Optional; must agree with the topology.")
+    gpuMemory: Annotated[str, StringConstraints(pattern=QUANTITY)] | None = Field(
+        None, description="Memory of one GPU, a Kubernetes quantity (e.g. 80Gi, 141Gi). A training stage whose "
+                          "forecast (solar config memory) does not fit is refused before any job; without it the "
+                          "forecast is only reported in the stage's status.")
 
     @property
     def world_size(self) -> int:
@@ -123,6 +141,11 @@ class ValidationStatus(Doc):
     complete: bool
 
 
+class MemoryStatus(Doc):
+    peakBytes: int = Field(description="Forecast peak GPU memory per GPU (solar config memory).")
+    gpuMemoryBytes: int | None = Field(None, description="The GPU memory it was checked against (topology.gpuMemory).")
+
+
 class StageStatus(Doc):
     name: str
     phase: Phase = "Pending"
@@ -135,6 +158,7 @@ class StageStatus(Doc):
     validation: ValidationStatus | None = None
     message: str | None = None
     reason: str | None = None
+    memory: MemoryStatus | None = None
 
 
 class Condition(Doc):
