@@ -37,7 +37,7 @@ def test_kubectl_apply_get_wait_on_every_example(cluster, operator):
     assert sorted(jobs) == sorted(f"{n}-fm" for n in names)
     events = k("get", "events", "--field-selector", f"involvedObject.name={names[0]}", "-o",
                "jsonpath={.items[*].reason}").stdout.split()
-    assert events[:2] == ["Resolved", "StageStarted"]
+    assert events[:3] == ["Resolved", "MemoryForecast", "StageStarted"]
     health = _get(operator["live"])
     assert '"runs"' in health
     text = _get(operator["metrics"])

@@ -49,13 +49,17 @@ def infer(config: str, sets: Sequence[str]) -> int:
         session.open()
         session.heartbeat.update(phase="generation")
         torch.manual_seed(0)
-        model = model_from_config(cfg, device="cpu")
+        # Built on the meta device and allocated on the device: every pass loads all its weights
+        # (strictly); a LoRA checkpoint's base is read into it once, here.
+        model = model_from_config(cfg, device="meta")
+        model.to_empty(device=d.device)
         if cfg.model.pretrained_path and cfg.model.training_mode == "lora":
-            from solar.launch.weights import load_base
+            from solar.launch.materialize import fill, released
 
-            load_base(model, cfg.model.family, cfg.model.pretrained_path)
+            fill(model, released(cfg.model.family, cfg.model.pretrained_path),
+                 where=f"model.pretrained_path {cfg.model.pretrained_path}", lora_seed=0)
         weights = InferenceWeights(cfg, resolved.route, model)
-        model.to(d.device).eval()
+        model.eval()
         if d.sp > 1:
             from solar.models.sequence_parallel import SPGroup
 

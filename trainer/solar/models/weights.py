@@ -58,7 +58,7 @@ _DTYPE_NAMES = {"F64": torch.float64, "F32": torch.float32, "F16": torch.float16
                 "U8": torch.uint8, "BOOL": torch.bool}
 
 
-def _safetensors_header(path: Path) -> dict:
+def safetensors_header(path: Path) -> dict:
     with open(path, "rb") as handle:
         length = int.from_bytes(handle.read(8), "little")
         return json.loads(handle.read(length))
@@ -79,7 +79,7 @@ def open_source(path: str | os.PathLike[str]) -> TensorSource:
     for file in candidates:
         if file.suffix == ".safetensors":
             try:
-                header = _safetensors_header(file)
+                header = safetensors_header(file)
             except (OSError, ValueError) as exc:
                 raise WeightsError(f"weights {file}: not a readable safetensors file ({exc})") from None
             entries = {k: (_DTYPE_NAMES[v["dtype"]], tuple(v["shape"])) for k, v in header.items()

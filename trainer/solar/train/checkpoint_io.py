@@ -20,7 +20,6 @@ import random
 from pathlib import Path
 
 import torch
-from safetensors.torch import load_file
 
 from solar.config.canonical import pretty_bytes
 from solar.safetensors_io import write_streaming
@@ -112,57 +111,40 @@ def save_role(partial: Path, role: str, snap: dict, names: list[str]) -> list[st
     return members
 
 
-def shard_like(tensors: dict[str, torch.Tensor], params: dict[str, torch.nn.Parameter]) -> dict[str, torch.Tensor]:
-    """Full tensors laid out like the (possibly FSDP-sharded) parameters of the same names."""
-    out = {}
-    for name, value in tensors.items():
-        p = params.get(name)
-        if p is not None and hasattr(p, "device_mesh"):
-            from torch.distributed.tensor import distribute_tensor
+def local_tensors(file: Path, params: dict[str, torch.nn.Parameter]) -> dict[str, torch.Tensor]:
+    """The members of a safetensors file named like ``params``, each laid out like its parameter (this
+    rank's rows of an FSDP2-sharded one): a rank reads only its own rows."""
+    from solar.launch.materialize import members as lazy_members
 
-            out[name] = distribute_tensor(value.to(p.device, torch.float32), p.device_mesh, p.placements)
-        else:
-            out[name] = value
-    return out
+    members = lazy_members(file)
+    missing = [n for n in params if n not in members]
+    if missing:
+        raise CheckpointError(f"{file} lacks {len(missing)} parameters, e.g. {missing[:2]}")
+    return {n: members[n].read_like(p.detach().float()) for n, p in params.items()}
 
 
 def load_optimizer(path: Path, role: str, optimizer: torch.optim.Optimizer, names: list[str],
-                   model: torch.nn.Module | None = None) -> None:
-    """Restore AdamW state; ``model`` given means FSDP2 (full state scattered to the shards)."""
+                   params: dict[str, torch.nn.Parameter]) -> None:
+    """Restore AdamW's state and hyperparameters; each moment laid out like its parameter (this rank's
+    rows when sharded), read by rows from the checkpoint."""
+    from solar.launch.materialize import members as lazy_members
+
     meta = json.loads((path / role / "optimizer.json").read_text())
     if meta["names"] != names:
         raise CheckpointError(f"{path}: the optimizer was saved for different parameters")
-    tensors = load_file(path / role / "optimizer.safetensors")
-    if model is not None:
-        from torch.distributed.checkpoint.state_dict import StateDictOptions, set_optimizer_state_dict
-
-        full_state = {}
-        for name in names:
-            entry = {k.split("::", 1)[1]: v for k, v in tensors.items() if k.split("::", 1)[0] == name}
-            if name in meta["steps"]:
-                entry["step"] = torch.tensor(meta["steps"][name])
-            if entry:
-                full_state[name] = entry
-        groups = [{**g, "params": names} for g in meta["param_groups"]]
-        for g in groups:
-            if "betas" in g:
-                g["betas"] = tuple(g["betas"])
-        set_optimizer_state_dict(model, optimizer, {"state": full_state, "param_groups": groups},
-                                 options=StateDictOptions(full_state_dict=True))
-        return
-    state = {}
-    for index, name in enumerate(names):
-        entry = {k.split("::", 1)[1]: v for k, v in tensors.items() if k.split("::", 1)[0] == name}
+    members = lazy_members(path / role / "optimizer.safetensors")
+    for name in names:
+        p = params[name]
+        entry = {key.split("::", 1)[1]: lazy.read_like(p) for key, lazy in members.items()
+                 if key.split("::", 1)[0] == name}
         if name in meta["steps"]:
             entry["step"] = torch.tensor(meta["steps"][name])
         if entry:
-            state[index] = entry
-    groups = optimizer.state_dict()["param_groups"]
-    for group, saved in zip(groups, meta["param_groups"]):
+            optimizer.state[p] = entry
+    for group, saved in zip(optimizer.param_groups, meta["param_groups"]):
         group.update({k: v for k, v in saved.items() if k in group and k != "params"})
         if "betas" in group:
             group["betas"] = tuple(group["betas"])
-    optimizer.load_state_dict({"state": state, "param_groups": groups})
 
 
 def trainer_file(state: dict) -> dict[str, bytes]:

@@ -20,10 +20,11 @@ import torch
 from solar.config.contracts import checkpoint_contract, source_problem
 from solar.config.resolve import Resolved
 from solar.data.from_config import train_stream
-from solar.launch.weights import load_base, load_weights, require_base, with_base
+from solar.launch.materialize import checkpoint, materialize, module_tensors, released
+from solar.launch.weights import require_base
 from solar.models.lora import LoRALinear
 from solar.models.registry import model_from_config
-from solar.models.weights import WeightsError, load_into
+from solar.models.weights import WeightsError
 from solar.storage.checkpoints import CheckpointError, read_manifest, require_valid
 from solar.train import checkpoint_io as io
 from solar.train.ema import EMA
@@ -47,6 +48,25 @@ def _is_lora(model) -> bool:
     return any(isinstance(m, LoRALinear) for m in model.modules())
 
 
+def initial_weights(cfg, model: torch.nn.Module, source_manifest: dict | None) -> tuple[dict, str]:
+    """(lazy tensors, where they come from) for a single-model run's initialisation mode: the
+    seeded random init (built whole on the host as before, the same parameters), released base
+    weights, a checkpoint, or a LoRA checkpoint's adapters over their base."""
+    ck = cfg.checkpoint
+    if ck.mode == "none" and not cfg.model.pretrained_path:
+        return module_tensors(model_from_config(cfg, device="cpu")), "the seeded random initialisation"
+    tensors, where = {}, f"model.pretrained_path {cfg.model.pretrained_path}"
+    if cfg.model.pretrained_path and (ck.mode == "none" or _is_lora(model)):
+        tensors = released(cfg.model.family, cfg.model.pretrained_path)
+    if ck.mode in ("weights_only", "full_resume"):
+        which = "live" if ck.mode == "full_resume" else ck.weights
+        members = checkpoint(Path(ck.path), "model", which)
+        adapter_only = source_manifest.get("trainer_state", {}).get("adapter_only")
+        tensors = {**tensors, **members} if adapter_only else members
+        where = f"checkpoint.path {ck.path}"
+    return tensors, where
+
+
 def build_parts(resolved: Resolved, rank: int, device: torch.device, *, world: int = 1, local_world: int = 1,
                 sp=None) -> Parts:
     cfg, route = resolved.config, resolved.route
@@ -60,20 +80,10 @@ def build_parts(resolved: Resolved, rank: int, device: torch.device, *, world: i
         require_base(cfg, ck.path, source_manifest)
     torch.manual_seed(cfg.train.seed)  # the same random init on every rank
     random.seed(cfg.train.seed * 1_000_003 + rank)  # Python's RNG would otherwise start from OS entropy
-    model = model_from_config(cfg, device="cpu")
-    if cfg.model.pretrained_path and (ck.mode == "none" or _is_lora(model)):
-        load_base(model, cfg.model.family, cfg.model.pretrained_path)
-    if ck.mode in ("weights_only", "full_resume"):
-        which = "live" if ck.mode == "full_resume" else ck.weights
-        tensors = load_weights(Path(ck.path), "model", which)
-        if source_manifest.get("trainer_state", {}).get("adapter_only"):
-            tensors = with_base(model, tensors)
-        try:
-            load_into(model, tensors, init_delta_from_time=True, where=f"checkpoint.path {ck.path}")
-        except WeightsError as exc:
-            raise CheckpointError(str(exc)) from None
-    model.to(device)
-    # Parallelism from outside, in a fixed order: SP -> activation checkpointing -> FSDP2.
+    # Built on the meta device; parallelism applied there; each rank then materialises its own shards
+    # and reads only its rows of every source tensor (solar.launch.materialize).
+    model = model_from_config(cfg, device="meta")
+    tensors, where = initial_weights(cfg, model, source_manifest)
     if sp is not None and sp.size > 1:
         model.set_sequence_parallel(sp)
     from solar.train import parallelize
@@ -90,6 +100,10 @@ def build_parts(resolved: Resolved, rank: int, device: torch.device, *, world: i
         mesh = parallelize.device_mesh(world=world, local_world=local_world, strategy=cfg.distributed.sharding,
                                        device=device)
         parallelize.apply_fsdp(model, mesh, policy=fsdp_policy(cfg, device))
+    try:
+        materialize(model, device, tensors, where=where, init_delta_from_time=True, lora_seed=cfg.train.seed)
+    except WeightsError as exc:
+        raise (CheckpointError(str(exc)) if ck.mode != "none" else exc) from None
     params = {n: p for n, p in model.named_parameters() if p.requires_grad}
     names = list(params)
     opt = cfg.train.optimizer
@@ -107,14 +121,12 @@ def build_parts(resolved: Resolved, rank: int, device: torch.device, *, world: i
                             "step": source_manifest["step"]}]
     if ck.mode == "full_resume":
         path = Path(ck.path)
-        io.load_optimizer(path, "model", optimizer, names, model=model if sharded else None)
+        io.load_optimizer(path, "model", optimizer, names, params)
         import json
 
         trainer = json.loads((path / "trainer.json").read_text())
         if trainer["ema"].get("exists"):
-            from safetensors.torch import load_file
-
-            ema.load(io.shard_like(load_file(path / "model" / "ema.safetensors"), params), trainer["ema"])
+            ema.load(io.local_tensors(path / "model" / "ema.safetensors", params), trainer["ema"])
         start_step = trainer["step"]
         data_state = io.load_rank_state(path, rank)
     if start_step > cfg.train.max_steps:  # == max_steps: the loop only finishes that step's validation

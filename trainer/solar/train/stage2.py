@@ -34,10 +34,10 @@ import torch
 from solar.config.contracts import checkpoint_contract
 from solar.launch.batch import Batch, collate
 from solar.launch.distributed import CollectiveFailure
+from solar.launch.materialize import checkpoint, materialize, module_tensors, released
 from solar.launch.precision import autocast
-from solar.launch.weights import load_base, load_weights, with_base
 from solar.models.registry import model_from_config
-from solar.models.weights import WeightsError, load_into
+from solar.models.weights import WeightsError
 from solar.objectives import dmd, fm
 from solar.storage.checkpoints import CheckpointError, read_manifest, require_valid
 from solar.train import checkpoint_io as io
@@ -50,14 +50,31 @@ N = fm.NUM_TRAIN_TIMESTEPS
 
 # --- building the three roles -----------------------------------------------------------------
 
-def _load(model, path: str, weights: str, *, drop_delta: bool, where: str) -> None:
-    tensors = load_weights(Path(path), "model", weights)
-    if read_manifest(path).get("trainer_state", {}).get("adapter_only"):
-        tensors = with_base(model, tensors)
-    try:
-        load_into(model, tensors, drop_delta=drop_delta, where=where)
-    except WeightsError as exc:
-        raise CheckpointError(str(exc)) from None
+def _role_tensors(cfg, ck, resume: bool, sources: dict) -> dict[str, tuple[dict, str]]:
+    """Each role's lazy weight sources and where they come from. Seeded random roles (a fresh start
+    without sources, or a resume of one whose teacher was random) are built whole on the host in the
+    order they always were (student, teacher, critic), so they keep their parameters; a LoRA base
+    lies under every role."""
+    base = released(cfg.model.family, cfg.model.pretrained_path) \
+        if cfg.model.pretrained_path and cfg.model.training_mode == "lora" else {}
+    random = None
+    if sources.get("teacher") is None:
+        random = {role: module_tensors(model_from_config(cfg, device="cpu")) for role in ("student", "teacher", "critic")}
+
+    def member(path: str, role: str, weights: str) -> dict:
+        tensors = checkpoint(Path(path), role, weights)
+        return {**base, **tensors} if read_manifest(path).get("trainer_state", {}).get("adapter_only") else tensors
+
+    if resume:
+        out = {role: (member(ck.path, role, "live"), f"checkpoint.path {ck.path} ({role})") for role in ("student", "critic")}
+        teacher = sources["teacher"]
+        out["teacher"] = (member(teacher["path"], "model", teacher["weights"]), f"teacher source {teacher['path']}") \
+            if teacher is not None else ({**random["teacher"], **base}, "the seeded random teacher")
+        return out
+    if sources:
+        return {role: (member(src["path"], "model", src["weights"]), f"checkpoint.roles.{role}.path {src['path']}")
+                for role, src in sources.items()}
+    return {role: ({**random[role], **base}, f"the seeded random {role}") for role in ("student", "teacher", "critic")}
 
 
 @dataclass
@@ -116,48 +133,31 @@ def build_stage2(resolved, rank: int, device: torch.device, *, world: int = 1, s
         sources = {}
     torch.manual_seed(cfg.train.seed)
     random.seed(cfg.train.seed * 1_000_003 + rank)
-    models = {}
-    for role in ("student", "teacher", "critic"):
-        model = model_from_config(cfg, device="cpu")
-        if cfg.model.pretrained_path and cfg.model.training_mode == "lora":
-            load_base(model, cfg.model.family, cfg.model.pretrained_path)
-        models[role] = model
-    if resume:
-        path = Path(ck.path)
-        for role in ("student", "critic"):
-            try:
-                load_into(models[role], _role_weights(path, role, models[role]), where=f"checkpoint.path {path} ({role})")
-            except WeightsError as exc:
-                raise CheckpointError(str(exc)) from None
-        if sources["teacher"] is not None:  # None: the run started from seeded random roles
-            _load(models["teacher"], sources["teacher"]["path"], sources["teacher"]["weights"], drop_delta=False,
-                  where=f"teacher source {sources['teacher']['path']}")
-    elif sources:
-        _load(models["student"], sources["student"]["path"], sources["student"]["weights"], drop_delta=True,
-              where=f"checkpoint.roles.student.path {sources['student']['path']}")
-        for role in ("teacher", "critic"):
-            _load(models[role], sources[role]["path"], sources[role]["weights"], drop_delta=False,
-                  where=f"checkpoint.roles.{role}.path {sources[role]['path']}")
-    # The frozen teacher is stored in the compute dtype: bf16 when the run computes in bf16 (half its
-    # memory; autocast would cast its weights to bf16 for every matmul anyway), fp32 otherwise.
+    tensors = _role_tensors(cfg, ck, resume, sources)
+    # Each role is built on the meta device; the teacher takes its storage dtype there: bf16 when the
+    # run computes in bf16 (half its memory; autocast casts its weights to bf16 for every matmul
+    # anyway), fp32 otherwise. Then each is materialised on the device and filled from its sources.
     from solar.launch.precision import computes_in_bf16
+    from solar.train import parallelize
 
-    teacher = models["teacher"].to(device, dtype=torch.bfloat16 if computes_in_bf16(cfg, device) else None).eval()
+    models = {role: model_from_config(cfg, device="meta") for role in ("student", "teacher", "critic")}
+    if computes_in_bf16(cfg, device):
+        models["teacher"].to(dtype=torch.bfloat16)
+    for role, model in models.items():
+        if sp is not None and sp.size > 1:
+            model.set_sequence_parallel(sp)
+        if role != "teacher" and cfg.distributed.activation_checkpointing:
+            parallelize.apply_activation_checkpointing(
+                model, policy=cfg.distributed.activation_checkpointing_policy,
+                skip_blocks=cfg.distributed.activation_checkpointing_skip_blocks)
+        where, drop_delta = tensors[role][1], role == "student" and ck.mode == "roles"
+        try:
+            materialize(model, device, tensors[role][0], where=where, drop_delta=drop_delta, lora_seed=cfg.train.seed)
+        except WeightsError as exc:
+            raise CheckpointError(str(exc)) from None
+    teacher = models["teacher"].eval()
     for p in teacher.parameters():
         p.requires_grad_(False)
-    for role in ("student", "critic"):
-        models[role].to(device)
-        if sp is not None and sp.size > 1:
-            models[role].set_sequence_parallel(sp)
-    if sp is not None and sp.size > 1:
-        teacher.set_sequence_parallel(sp)
-    if cfg.distributed.activation_checkpointing:
-        from solar.train import parallelize
-
-        for role in ("student", "critic"):
-            parallelize.apply_activation_checkpointing(
-                models[role], policy=cfg.distributed.activation_checkpointing_policy,
-                skip_blocks=cfg.distributed.activation_checkpointing_skip_blocks)
     student = _role(models["student"], cfg.train.optimizer)
     critic = _role(models["critic"], cfg.train.sgf.critic_optimizer or cfg.train.optimizer)
     e = cfg.train.ema
@@ -165,12 +165,10 @@ def build_stage2(resolved, rank: int, device: torch.device, *, world: int = 1, s
     start_step, student_step, data_state = 0, 0, None
     if resume:
         path = Path(ck.path)
-        io.load_optimizer(path, "student", student.optimizer, student.names)
-        io.load_optimizer(path, "critic", critic.optimizer, critic.names)
+        io.load_optimizer(path, "student", student.optimizer, student.names, student.params)
+        io.load_optimizer(path, "critic", critic.optimizer, critic.names, critic.params)
         if trainer["ema"].get("exists"):
-            from safetensors.torch import load_file
-
-            ema.load(load_file(path / "student" / "ema.safetensors"), trainer["ema"])
+            ema.load(io.local_tensors(path / "student" / "ema.safetensors", student.params), trainer["ema"])
         start_step, student_step = trainer["step"], trainer["student_step"]
         if student_step != dmd.student_step_after(start_step, cfg.train.sgf.critic_updates_per_student):
             raise CheckpointError(f"checkpoint.path {path}: student step {student_step} does not follow outer step "
@@ -187,13 +185,6 @@ def build_stage2(resolved, rank: int, device: torch.device, *, world: int = 1, s
                   adapter_only=bool(cfg.model.pretrained_path) and cfg.model.training_mode == "lora")
     state = Stage2(resolved, teacher, critic, student_step, sources.get("teacher"))
     return parts, state
-
-
-def _role_weights(path: Path, role: str, model) -> dict[str, torch.Tensor]:
-    tensors = load_weights(path, role, "live")
-    if read_manifest(path).get("trainer_state", {}).get("adapter_only"):
-        tensors = with_base(model, tensors)
-    return tensors
 
 
 # --- the rollout and the two losses -------------------------------------------------------------

@@ -1,0 +1,173 @@
+"""Models built without a whole copy on any rank.
+
+A role is built on the meta device, parallelism is applied to it there (SP, activation
+checkpointing, compile, FSDP2), and only then ``materialize`` allocates each rank's own shards on
+its device and fills them from lazy weight sources, each rank reading only its rows of each tensor
+(safetensors' sliced reads). Host memory at start-up is therefore about one tensor beyond the rank's
+shard. Sources:
+
+- ``released(family, path)``: a Solar directory (``solar model convert``) or a diffusers folder;
+- ``checkpoint(path, role, which)``: a checkpoint member's live weights, the EMA laid over them;
+- ``module_tensors(model)``: a model already in memory (the seeded random init, built whole on the
+  host as before so its parameters are the same; the only path that holds a full copy).
+
+Tensors a source lacks may be made on the spot: AnyFlow's endpoint embedding copied from the time
+embedding (Stage0.5 -> Stage1), and LoRA adapters on a released base (``lora_A`` Kaiming-uniform
+from a generator seeded by the run's seed and the tensor's name, ``lora_B`` zeros), the same on every
+rank. Everything else missing, extra or of another shape is an error naming the keys.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import math
+from collections.abc import Mapping
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+from safetensors import safe_open
+
+from solar.models.weights import DELTA_PREFIX, WeightsError, compare_keys, read_solar_manifest, safetensors_header
+from solar.storage.checkpoints import CheckpointError
+
+# AnyFlow's endpoint embedding and the time embedding it starts from, per family's naming.
+DELTA_FROM = {"condition_embedder.delta_embedding.": "condition_embedder.time_embedder.",
+              "delta_embedding.": "time_embedder."}
+
+
+@dataclass(frozen=True)
+class Lazy:
+    """One tensor of a source, read whole or by rows: a safetensors member or a tensor in memory."""
+
+    shape: tuple[int, ...]
+    file: Path | None = None
+    key: str | None = None
+    tensor: torch.Tensor | None = None
+
+    def read_like(self, like: torch.Tensor) -> torch.Tensor:
+        """A new tensor laid out like ``like`` (this rank's rows of a sharded one) holding this one."""
+        out = torch.empty_like(like)
+        local = _local(out)
+        local.copy_(self.read(local_rows(like)).to(device=local.device, dtype=local.dtype))
+        return out
+
+    def read(self, rows: tuple[int, int] | None = None) -> torch.Tensor:
+        if self.tensor is not None:
+            return self.tensor if rows is None else self.tensor[rows[0]:rows[1]]
+        with safe_open(str(self.file), framework="pt") as handle:
+            if rows is None:
+                return handle.get_tensor(self.key)
+            return handle.get_slice(self.key)[rows[0]:rows[1]]
+
+
+def members(file: Path) -> dict[str, Lazy]:
+    """Every tensor of one safetensors file, lazily."""
+    header = safetensors_header(file)
+    return {k: Lazy(tuple(v["shape"]), file, k) for k, v in header.items() if k != "__metadata__"}
+
+
+def released(family: str, path: str) -> dict[str, Lazy]:
+    """Released base weights: a Solar directory or a diffusers folder, read lazily."""
+    root = Path(path)
+    if (root / "solar-model.json").is_file():
+        out: dict[str, Lazy] = {}
+        for entry in read_solar_manifest(root)["files"]:
+            out.update(members(root / entry["path"]))
+        return out
+    from solar.models.convert import plan
+
+    _, source, mapping, _ = plan(family, "diffusers", root)
+    out = {}
+    for target, origin in mapping.items():
+        file = source.files[origin]
+        shape = tuple(source.shapes[origin][1])
+        out[target] = Lazy(shape, file, origin) if file.suffix == ".safetensors" else Lazy(shape, tensor=source.get(origin))
+    return out
+
+
+def checkpoint(path: Path, role: str, which: str) -> dict[str, Lazy]:
+    """A checkpoint's ``role`` member, ``which`` live or ema (the EMA shadow over the live weights)."""
+    live = path / role / "live.safetensors"
+    if not live.is_file():
+        raise CheckpointError(f"{path} has no {role} weights ({role}/live.safetensors)")
+    out = members(live)
+    if which == "ema":
+        ema = path / role / "ema.safetensors"
+        if not ema.is_file():
+            raise CheckpointError(f"{path} has no {role} EMA weights; use weights: live")
+        out.update(members(ema))
+    return out
+
+
+def module_tensors(model: torch.nn.Module) -> dict[str, Lazy]:
+    return {k: Lazy(tuple(v.shape), tensor=v.detach()) for k, v in model.state_dict().items()}
+
+
+def local_rows(t: torch.Tensor) -> tuple[int, int] | None:
+    """The rows of the full tensor this rank holds: None for a whole (unsharded or replicated)
+    tensor; FSDP2 shards dim 0 like ``torch.chunk`` over each sharded mesh dimension."""
+    placements = getattr(t, "placements", None)
+    if placements is None:
+        return None
+    start, rows = 0, t.shape[0]
+    coordinate = t.device_mesh.get_coordinate()
+    for dim, placement in enumerate(placements):
+        if placement.is_replicate():
+            continue
+        if not placement.is_shard(0):
+            raise ValueError(f"cannot place {placement} (FSDP2 shards dim 0)")
+        size = t.device_mesh.size(dim)
+        chunk = -(-rows // size)
+        lo = min(coordinate[dim] * chunk, rows)
+        start, rows = start + lo, min(chunk, rows - lo)
+    return start, start + rows
+
+
+def _local(t: torch.Tensor) -> torch.Tensor:
+    return t.to_local() if hasattr(t, "to_local") else t
+
+
+def _lora_value(name: str, shape: tuple[int, ...], seed: int) -> torch.Tensor:
+    value = torch.zeros(shape)
+    if ".lora_A." in name:
+        digest = hashlib.blake2s(f"{seed}:{name}".encode(), digest_size=8).digest()
+        generator = torch.Generator().manual_seed(int.from_bytes(digest, "little") & ((1 << 63) - 1))
+        torch.nn.init.kaiming_uniform_(value, a=math.sqrt(5), generator=generator)
+    return value
+
+
+def fill(model: torch.nn.Module, tensors: Mapping[str, Lazy], *, where: str, init_delta_from_time: bool = False,
+         drop_delta: bool = False, lora_seed: int | None = None) -> None:
+    """Every parameter and buffer of a materialised ``model`` from ``tensors``, each rank its rows."""
+    tensors = dict(tensors)
+    if drop_delta:
+        tensors = {k: v for k, v in tensors.items() if not k.startswith(DELTA_PREFIX)}
+    state = model.state_dict(keep_vars=True)
+    expected = {k: tuple(v.shape) for k, v in state.items()}
+    made: dict[str, Lazy] = {}
+    for name in expected.keys() - tensors.keys():
+        if init_delta_from_time:
+            delta = next((d for d in DELTA_FROM if name.startswith(d)), None)
+            origin = delta and DELTA_FROM[delta] + name[len(delta):]
+            if origin in tensors:
+                made[name] = tensors[origin]
+                continue
+        if lora_seed is not None and (".lora_A." in name or ".lora_B." in name):
+            made[name] = Lazy(expected[name], tensor=_lora_value(name, expected[name], lora_seed))
+    tensors.update(made)
+    report = compare_keys(expected, {k: v.shape for k, v in tensors.items()})
+    if not report.ok:
+        raise WeightsError(f"{where} do not fit the model: {report.summary()}")
+    with torch.no_grad():
+        for name, target in state.items():
+            local = _local(target)
+            rows = local_rows(target)
+            value = tensors[name].read(rows)
+            local.copy_(value.to(device=local.device, dtype=local.dtype))
+
+
+def materialize(model: torch.nn.Module, device: torch.device, tensors: Mapping[str, Lazy], **options) -> None:
+    """Allocate ``model``'s (local) tensors on ``device`` and fill them (``fill``'s options)."""
+    model.to_empty(device=device)
+    fill(model, tensors, **options)
