@@ -28,8 +28,10 @@ from solar.storage.atomic import write_create_only, write_replace
 LAUNCH_SCHEMA = "solar.launch.v1"
 RESULT_SCHEMA = "solar.run-result.v1"
 # Keys a resume may change without making it another run.
+# Keys a full resume may change. Checkpoints hold whole tensors, so a resume may shard differently (or
+# not at all); the world, SP and data layout the per-rank states belong to may not change.
 RESUME_KEYS = (("checkpoint", "mode"), ("checkpoint", "path"), ("checkpoint", "weights"),
-               ("checkpoint", "roles"), ("runtime", "exit_after_step"))
+               ("checkpoint", "roles"), ("runtime", "exit_after_step"), ("distributed", "sharding"))
 
 
 def code_revision(repo: Path | None = None) -> dict:
@@ -83,7 +85,8 @@ def prepare(output_dir: Path, resolved, *, resuming: bool) -> None:
     recorded = json.loads(existing.read_text()).get("launch_identity_digest")
     if recorded != launch_identity_digest(resolved.config_dict):
         raise SolarError(f"{output_dir} holds a run with a different configuration; a full resume must use the "
-                         "same config (only checkpoint.mode/path/weights/roles and runtime.exit_after_step may change)")
+                         "same config (only checkpoint.mode/path/weights/roles, runtime.exit_after_step and distributed.sharding "
+                         "may change)")
 
 
 def write_launch(output_dir: Path, resolved, init: dict) -> None:

@@ -53,7 +53,7 @@ def train(config: str, sets: Sequence[str]) -> int:
         if resolved.route.stage == "stage2":
             from solar.train.stage2 import build_stage2
 
-            parts, stage2 = build_stage2(resolved, d.rank, d.device, world=d.world, sp=sp)
+            parts, stage2 = build_stage2(resolved, d.rank, d.device, world=d.world, local_world=d.local_world, sp=sp)
             loop = Loop(resolved, d, parts, out, *common, stage2=stage2, term="critic")
         else:
             from solar.train.objective import objective_for

@@ -89,7 +89,17 @@ def apply_fsdp(model: torch.nn.Module, mesh, *, policy=None, reshard_after_forwa
     MixedPrecisionPolicy (``solar.launch.precision.fsdp_policy``)."""
     from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
 
+    from torch.distributed.fsdp import register_fsdp_forward_method
+
     policy = policy or MixedPrecisionPolicy()
     for block in blocks_of(model):
         fully_shard(block, mesh=mesh, mp_policy=policy, reshard_after_forward=reshard_after_forward)
     fully_shard(model, mesh=mesh, mp_policy=policy, reshard_after_forward=reshard_after_forward)
+    # The causal models' other entry points gather the root's weights too (teacher forcing, the KV
+    # cache's prefix and chunks), as calling the module does.
+    for name in FORWARD_METHODS:
+        if hasattr(model, name):
+            register_fsdp_forward_method(model, name)
+
+
+FORWARD_METHODS = ("forward_teacher_forcing", "new_cache", "forward_chunk", "commit_chunk")

@@ -92,7 +92,8 @@ def _role(model, opt) -> Role:
     return Role(model, list(params), params, optimizer)
 
 
-def build_stage2(resolved, rank: int, device: torch.device, *, world: int = 1, sp=None):
+def build_stage2(resolved, rank: int, device: torch.device, *, world: int = 1, local_world: int | None = None,
+                 sp=None):
     """(student Parts for the shared loop, the Stage2 state holding teacher and critic)."""
     import random
 
@@ -101,8 +102,7 @@ def build_stage2(resolved, rank: int, device: torch.device, *, world: int = 1, s
 
     cfg, route = resolved.config, resolved.route
     ck = cfg.checkpoint
-    if cfg.distributed.sharding != "none" and world > 1:
-        raise CheckpointError("Stage2 with FSDP sharding is not in this build; set distributed.sharding=none")
+    sharded = cfg.distributed.sharding != "none" and world > 1
     resume = ck.mode == "full_resume"
     trainer = None
     if resume:
@@ -143,6 +143,12 @@ def build_stage2(resolved, rank: int, device: torch.device, *, world: int = 1, s
     models = {role: model_from_config(cfg, device="meta") for role in ("student", "teacher", "critic")}
     if computes_in_bf16(cfg, device):
         models["teacher"].to(dtype=torch.bfloat16)
+    mesh = None
+    if sharded:  # one mesh for the three roles: each is sharded over it, the teacher without optimizer state
+        from solar.launch.precision import fsdp_policy
+
+        mesh = parallelize.device_mesh(world=world, local_world=local_world or world,
+                                       strategy=cfg.distributed.sharding, device=device)
     for role, model in models.items():
         if sp is not None and sp.size > 1:
             model.set_sequence_parallel(sp)
@@ -150,6 +156,10 @@ def build_stage2(resolved, rank: int, device: torch.device, *, world: int = 1, s
             parallelize.apply_activation_checkpointing(
                 model, policy=cfg.distributed.activation_checkpointing_policy,
                 skip_blocks=cfg.distributed.activation_checkpointing_skip_blocks)
+        if role == "teacher":
+            model.requires_grad_(False)
+        if mesh is not None:
+            parallelize.apply_fsdp(model, mesh, policy=fsdp_policy(cfg, device))
         where, drop_delta = tensors[role][1], role == "student" and ck.mode == "roles"
         try:
             materialize(model, device, tensors[role][0], where=where, drop_delta=drop_delta, lora_seed=cfg.train.seed)
@@ -182,7 +192,7 @@ def build_stage2(resolved, rank: int, device: torch.device, *, world: int = 1, s
                               f"{cfg.train.max_steps}")
     stream = train_stream(cfg, rank, data_state)
     parts = Parts(student.model, student.names, student.params, student.optimizer, ema, stream, start_step, init,
-                  adapter_only=bool(cfg.model.pretrained_path) and cfg.model.training_mode == "lora")
+                  adapter_only=bool(cfg.model.pretrained_path) and cfg.model.training_mode == "lora", sharded=sharded)
     state = Stage2(resolved, teacher, critic, student_step, sources.get("teacher"))
     return parts, state
 
@@ -283,6 +293,11 @@ class Stage2:
         chunks = R // k
         noise = torch.randn((B, C, R, h, w), generator=gen).to(device)
         exits = torch.randint(0, len(self.levels), (chunks,), generator=gen).tolist()
+        # Under FSDP2 every forward is a collective, but each DP rank draws its own exit levels: the
+        # ranks agree on the most chunk forwards any of them runs (before the first one) and the
+        # others run discarded forwards after their rollout, so every rank enters the same gathers.
+        calls = sum(e + 1 for e in exits)
+        padding = self.agree(calls) - calls if self.agree is not None else 0
         committed = torch.zeros_like(noise)
         at_exit = torch.zeros_like(noise)
         exit_level = torch.zeros(B, R, device=device)
@@ -312,6 +327,8 @@ class Stage2:
                         x = self._pin((1 - nxt) * x0_hat + nxt * fresh, cond, lo)
                 committed[:, :, lo:hi] = x0_hat
                 student.commit_chunk(x0_hat, cache, cameras=cams)
+            for _ in range(padding):  # read-only forwards over the last chunk: the cache is unchanged
+                self._velocity(student, x, t, cond, cache=cache, cams=cams)
         if not grad:
             return committed
         v = self._velocity(student, at_exit, exit_level, cond, clean=committed, cams=cond.cameras)
@@ -364,6 +381,7 @@ class Stage2:
 
     # --- one outer step --------------------------------------------------------------------
     audio_silence: torch.Tensor | None = None
+    agree = None  # sharded: (this rank's rollout chunk forwards) -> the most of any rank
 
     def _batches(self, loop, step: int):
         cfg, d = self.resolved.config, loop.dist
@@ -385,6 +403,12 @@ class Stage2:
         from solar.train.gradients import sync_and_clip
 
         cfg, d = self.resolved.config, loop.dist
+        sharded = loop.parts.sharded
+        if sharded:
+            def agree(calls: int) -> int:
+                count = torch.tensor([float(calls)], device=d.device if d.backend == "nccl" else "cpu")
+                return int(d.all_reduce(count, "rollout-forwards", op=torch.distributed.ReduceOp.MAX).item())
+            self.agree = agree
         accum = cfg.train.gradient_accumulation
         for group in optimizer.param_groups:
             group["lr"] = lr
@@ -393,7 +417,7 @@ class Stage2:
         for micro, batch in self._batches(loop, step):
             gen = fm.step_generator(cfg.train.seed, step, d.dp_rank, micro, purpose=role)
             loop.heartbeat.update(phase=f"{role}-forward", step=step)
-            with autocast(cfg, d.device, sharded=loop.parts.sharded):
+            with autocast(cfg, d.device, sharded=sharded):
                 loss, extra = loss_fn(loop.parts.model, batch, gen)
             loop.heartbeat.update(phase=f"{role}-backward", step=step)
             (loss / accum).backward()
@@ -402,7 +426,7 @@ class Stage2:
         bad = None if math.isfinite(total) else f"non-finite {role} loss {total} at step {step}"
         d.exchange_error(bad, "non_finite")
         loop.heartbeat.update(phase="grad-sync", step=step)
-        norm = sync_and_clip(d, params, opt_cfg.grad_clip, False)
+        norm = sync_and_clip(d, params, opt_cfg.grad_clip, sharded)
         if not math.isfinite(norm):
             raise CollectiveFailure(f"non-finite {role} gradient norm {norm} at step {step}; the step was refused",
                                     "non_finite")
@@ -460,16 +484,17 @@ class Stage2:
 
         d, p = loop.dist, loop.parts
         roles, files = [], {}
-        if d.rank == 0:
+        if p.sharded or d.rank == 0:  # gathered on rank 0: a collective with FSDP2, every rank takes part
             shadow, meta = p.ema.state()
-            student = io.snapshot(p.model, p.optimizer, p.names, sharded=False, adapter_only=p.adapter_only,
+            student = io.snapshot(p.model, p.optimizer, p.names, sharded=p.sharded, adapter_only=p.adapter_only,
                                   ema=shadow, staging=staging, key="student")
-            critic = io.snapshot(self.critic.model, self.critic.optimizer, self.critic.names, sharded=False,
+            critic = io.snapshot(self.critic.model, self.critic.optimizer, self.critic.names, sharded=p.sharded,
                                  adapter_only=p.adapter_only, ema=None, staging=staging, key="critic")
-            roles = [cs.RoleCapture("student", student, p.names, ["live", "ema"] if p.ema.exists else ["live"]),
-                     cs.RoleCapture("critic", critic, self.critic.names, ["live"])]
-            files = io.trainer_file({"step": step, "student_step": self.student_step, "ema": meta,
-                                     "teacher": self.teacher_source})
+            if d.rank == 0:
+                roles = [cs.RoleCapture("student", student, p.names, ["live", "ema"] if p.ema.exists else ["live"]),
+                         cs.RoleCapture("critic", critic, self.critic.names, ["live"])]
+                files = io.trainer_file({"step": step, "student_step": self.student_step, "ema": meta,
+                                         "teacher": self.teacher_source})
         trainer_state = {"step": step, "student_step": self.student_step, "adapter_only": p.adapter_only,
                          "base": self.resolved.config.model.pretrained_path, "ema_exists": p.ema.exists,
                          "teacher": self.teacher_source}
