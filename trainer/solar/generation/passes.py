@@ -32,6 +32,7 @@ from solar.data.selection import Slot
 from solar.data.stream import ClipSource, Occurrence
 from solar.generation import video
 from solar.generation.generate import sample
+from solar.launch import precision
 from solar.launch.batch import Batch, collate
 from solar.storage.atomic import fsync_dir, write_create_only
 
@@ -93,9 +94,16 @@ class Generation:
                              f"{latents} latents, less than one {chunk}-latent chunk")
         return 1 + 4 * (rollout - 1)
 
+    def _sample(self, batch: Batch, p, noise_seed: int) -> torch.Tensor:
+        """One slot's latents, the model computing in the run's precision (``launch.precision``;
+        the solver's state stays fp32)."""
+        with precision.autocast(self.cfg, self.dist.device, sharded=self.sharded):
+            latents = sample(self.model, self.cfg, batch, noise_seed=noise_seed, solver=p.solver, steps=p.steps,
+                             negative=self.negative, audio_silence=self.audio_silence)
+        return latents.float()
+
     def _dummy(self, batch: Batch, p) -> None:
-        sample(self.model, self.cfg, batch, noise_seed=0, solver=p.solver, steps=p.steps,
-               negative=self.negative, audio_silence=self.audio_silence)
+        self._sample(batch, p, 0)
 
     def _slot(self, pass_dir: Path, p, weights: str, slot: Slot, step: int | None, writer: bool) -> dict | None:
         final = pass_dir / f"slot_{slot.slot:06d}"
@@ -111,8 +119,7 @@ class Generation:
             batch = self.batch_for(slot)
             if isinstance(batch, str):
                 raise ValueError(batch)
-            latents = sample(self.model, self.cfg, batch, noise_seed=slot.noise_seed, solver=p.solver, steps=p.steps,
-                             negative=self.negative, audio_silence=self.audio_silence)
+            latents = self._sample(batch, p, slot.noise_seed)
             if writer:
                 fps = float(self.cfg.data.fps or 16.0)
                 shown = self.cfg.validation.decode_latents or latents.shape[2]

@@ -82,10 +82,14 @@ def negative_prompt(cfg) -> torch.Tensor | None:
     return read_negative_prompt(cfg, "validation.guidance_scale > 1")
 
 
-def codec_for(cfg):
+def codec_for(cfg, device: torch.device | None = None):
+    """The family's codec (fp32), on ``device``: the generating model's, so latents decode where they are."""
     from solar.models.codecs import build_codec
 
-    return build_codec(cfg.model.family, path=cfg.model.vae_path, profile=cfg.model.profile, seed=CODEC_SEED)
+    codec = build_codec(cfg.model.family, path=cfg.model.vae_path, profile=cfg.model.profile, seed=CODEC_SEED)
+    if device is not None:
+        codec.vae.to(device)
+    return codec
 
 
 def check_test_set(cfg, plan_path: Path) -> None:

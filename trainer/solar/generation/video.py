@@ -11,9 +11,9 @@ import torch
 
 
 def to_uint8(pixels_3FHW: torch.Tensor) -> torch.Tensor:
-    """[-1, 1] float [3, F, H, W] -> uint8 [F, H, W, 3]."""
+    """[-1, 1] float [3, F, H, W] on any device -> uint8 [F, H, W, 3] on the CPU."""
     x = ((pixels_3FHW.float().clamp(-1, 1) + 1) * 127.5).round().to(torch.uint8)
-    return x.permute(1, 2, 3, 0).contiguous()
+    return x.permute(1, 2, 3, 0).contiguous().cpu()
 
 
 def side_by_side(left: torch.Tensor, right: torch.Tensor) -> torch.Tensor:

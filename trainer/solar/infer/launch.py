@@ -73,7 +73,7 @@ def infer(config: str, sets: Sequence[str]) -> int:
         except SolarError as exc:
             problem = str(exc)
         d.exchange_error(problem, "validation_setup")
-        gen = P.Generation(cfg, d, model, T.codec_for(cfg), source, slots, T.negative_prompt(cfg),
+        gen = P.Generation(cfg, d, model, T.codec_for(cfg, d.device), source, slots, T.negative_prompt(cfg),
                            audio_silence(cfg), log=lambda m: print(m, file=sys.stderr) if d.rank == 0 else None)
         summary = gen.run(gen_root, cfg.validation.passes, weights, None)
     except BaseException as exc:  # noqa: BLE001 - reported in run-result.json

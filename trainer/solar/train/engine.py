@@ -151,9 +151,9 @@ class Loop:
 
     def compute_dtype(self):
         """The forward's precision context (``solar.launch.precision``)."""
-        from solar.launch.precision import autocast
+        from solar.launch import precision
 
-        return autocast(self.resolved.config, self.dist.device, sharded=self.parts.sharded)
+        return precision.autocast(self.resolved.config, self.dist.device, sharded=self.parts.sharded)
 
     def _inject_data_faults(self, batch, step: int) -> None:
         f, rank = self.fault, self.dist.rank
@@ -371,7 +371,7 @@ class Loop:
             source = S.test_source(cfg)
             slots = S.frozen_slots(cfg, source, Path(self.out) / "validation" / "frozen-plan.json",
                                    writer=d.rank == 0)
-            self.generation = P.Generation(cfg, d, p.model, S.codec_for(cfg), source, slots,
+            self.generation = P.Generation(cfg, d, p.model, S.codec_for(cfg, d.device), source, slots,
                                            S.negative_prompt(cfg), self.audio_silence, sharded=p.sharded,
                                            log=lambda m: sys.stderr.write(m + "\n") if d.rank == 0 else None,
                                            fault=self.fault)

@@ -35,7 +35,7 @@ from solar.config.contracts import checkpoint_contract
 from solar.launch.batch import Batch, collate
 from solar.launch.distributed import CollectiveFailure
 from solar.launch.materialize import checkpoint, materialize, module_tensors, released
-from solar.launch.precision import autocast
+from solar.launch import precision
 from solar.models.registry import model_from_config
 from solar.models.weights import WeightsError
 from solar.objectives import dmd, fm
@@ -158,6 +158,8 @@ def build_stage2(resolved, rank: int, device: torch.device, *, world: int = 1, l
                 skip_blocks=cfg.distributed.activation_checkpointing_skip_blocks)
         if role == "teacher":
             model.requires_grad_(False)
+        if cfg.runtime.compile and device.type == "cuda":  # each block, as the single-model routes do
+            parallelize.apply_compile(model)
         if mesh is not None:
             parallelize.apply_fsdp(model, mesh, policy=fsdp_policy(cfg, device))
         where, drop_delta = tensors[role][1], role == "student" and ck.mode == "roles"
@@ -417,7 +419,7 @@ class Stage2:
         for micro, batch in self._batches(loop, step):
             gen = fm.step_generator(cfg.train.seed, step, d.dp_rank, micro, purpose=role)
             loop.heartbeat.update(phase=f"{role}-forward", step=step)
-            with autocast(cfg, d.device, sharded=sharded):
+            with precision.autocast(cfg, d.device, sharded=sharded):
                 loss, extra = loss_fn(loop.parts.model, batch, gen)
             loop.heartbeat.update(phase=f"{role}-backward", step=step)
             (loss / accum).backward()
