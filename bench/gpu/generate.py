@@ -20,16 +20,19 @@ from solar.models.wan.model import WanConfig, WanDiT
 STEPS, CHUNK, FRAMES = 4, 3, 21
 
 
-def rollout(model: WanDiT, channels: int, lat_h: int, lat_w: int, prompt: torch.Tensor) -> None:
+def rollout(model: WanDiT, channels: int, lat_h: int, lat_w: int, prompt: torch.Tensor,
+            cameras: torch.Tensor | None = None) -> None:
+    """``cameras`` [1, FRAMES, 4, 4]: camera PRoPE on, as the product runs it (None: off)."""
     cache = model.new_cache(prompt)
     levels = torch.linspace(1000, 0, STEPS + 1, device="cuda")[:-1]
-    for _ in range(FRAMES // CHUNK):
+    for c in range(FRAMES // CHUNK):
+        cams = None if cameras is None else cameras[:, c * CHUNK:(c + 1) * CHUNK]
         x = torch.randn(1, channels, CHUNK, lat_h, lat_w, device="cuda", dtype=torch.bfloat16)
         for i, t in enumerate(levels):
-            v = model.forward_chunk(x, t.expand(1), cache)
+            v = model.forward_chunk(x, t.expand(1), cache, cameras=cams)
             nxt = levels[i + 1] if i + 1 < STEPS else torch.zeros((), device="cuda")
             x = x + (nxt - t) / 1000 * v
-        model.commit_chunk(x, cache)
+        model.commit_chunk(x, cache, cameras=cams)
 
 
 def run(name: str, dims, channels: int, lat_h: int, lat_w: int, compiled: bool) -> None:

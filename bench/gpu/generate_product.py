@@ -55,11 +55,13 @@ def main() -> None:
     model.to(torch.bfloat16)
     prompt = batch.prompt.to(torch.bfloat16)
     torch.cuda.reset_peak_memory_stats()
-    with torch.no_grad():
-        b = timed(lambda: bench.rollout(model, 48, LAT_H, LAT_W, prompt), warmup=1, iters=3)
-    emit({"bench": "generate_product", "variant": "bench rollout (bf16 weights)", **b,
-          "latent_frames_per_s": FRAMES / b["median_s"], "peak_gib": peak_memory(),
-          "product_over_bench": t["median_s"] / b["median_s"]})
+    for name, cams in (("bench rollout (bf16 weights, PRoPE on as in the product)", batch.cameras),
+                       ("bench rollout (bf16 weights, PRoPE off as in bench/gpu/generate.py)", None)):
+        torch.cuda.reset_peak_memory_stats()
+        with torch.no_grad():
+            b = timed(lambda: bench.rollout(model, 48, LAT_H, LAT_W, prompt, cams), warmup=1, iters=3)
+        emit({"bench": "generate_product", "variant": name, **b, "latent_frames_per_s": FRAMES / b["median_s"],
+              "peak_gib": peak_memory(), "product_over_bench": t["median_s"] / b["median_s"]})
 
 
 if __name__ == "__main__":
