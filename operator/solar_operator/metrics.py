@@ -24,11 +24,20 @@ STAGE_TRANSITIONS = Counter("solar_run_stage_transitions_total", "Stage phase tr
                             registry=REGISTRY)
 STAGE_FAILURES = Counter("solar_run_stage_failures_total", "Failed stage jobs by the error type the trainer "
                          "recorded in run-result.json (unknown: none recorded).", ["error_type"], registry=REGISTRY)
+STAGE_GPU_SECONDS = Counter("solar_stage_gpu_seconds_total", "GPU time of ended stages (world size x wall time of "
+                            "every launch, from run-result.json), by family, route stage and action.",
+                            ["family", "stage", "action"], registry=REGISTRY)
 PHASES = ("Pending", "Running", "Succeeded", "Failed", "Suspended")
 # The trainer's error types (solar.train.launch); anything else is counted as "other" (bounded labels).
 ERROR_TYPES = ("non_finite", "oom", "sp_mismatch", "data", "checkpoint", "validation_setup", "error", "unknown", "other")
 for _type in ERROR_TYPES:  # present from the start, so increase() sees the first failure
     STAGE_FAILURES.labels(error_type=_type)
+
+
+def count_stage_gpu_seconds(family: str, route: str, action: str, seconds: float) -> None:
+    """A stage that ended (succeeded or failed) adds its GPU time once; labels are bounded (the
+    route's stage and the action, never a run name)."""
+    STAGE_GPU_SECONDS.labels(family=family, stage=route.split(":")[1], action=action).inc(max(seconds, 0.0))
 
 
 def count_stage_failure(error_type: str) -> None:
@@ -82,6 +91,12 @@ class RunCollector:
         for namespace, name, status in runs:
             current.add_metric([namespace, name, status.get("phase") or "Pending", status.get("currentStage") or ""], 1)
         yield current
+        hours = GaugeMetricFamily("solar_run_gpu_hours", "GPU time of each SolarRun's launches so far.",
+                                  labels=["namespace", "run"])
+        for namespace, name, status in runs:
+            if status.get("gpuHours") is not None:
+                hours.add_metric([namespace, name], status["gpuHours"])
+        yield hours
         step = GaugeMetricFamily("solar_run_checkpoint_step", "Latest verified checkpoint step per stage.",
                                  labels=["namespace", "run", "stage"])
         stamp = GaugeMetricFamily("solar_run_checkpoint_timestamp_seconds",

@@ -111,8 +111,12 @@ class Reconciler:
         for kind, reason, message in decision.events:
             self.kube.post_event(run, kind, reason, message)
             log.log(logging.WARNING if kind == "Warning" else logging.INFO, f"{namespace}/{name}: {reason}: {message}")
-        for _stage, phase in decision.transitions:
+        for stage, phase in decision.transitions:
             metrics.STAGE_TRANSITIONS.labels(to_phase=phase).inc()
+            ended = decision.status.stage(stage) if phase in ("Succeeded", "Failed") and plan is not None else None
+            if ended is not None and ended.usage is not None:
+                p = plan.stage(stage)
+                metrics.count_stage_gpu_seconds(spec.family, p.route, p.action, ended.usage.gpuSeconds)
         for _stage, error_type in decision.job_failures:
             metrics.count_stage_failure(error_type)
         return decision

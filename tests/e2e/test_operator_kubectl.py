@@ -31,7 +31,7 @@ def test_kubectl_apply_get_wait_on_every_example(cluster, operator):
         k("wait", "--for=jsonpath={.status.phase}=Running", f"solarrun/{name}", "--timeout=60s")
         k("wait", "--for=condition=Validated", f"srun/{name}", "--timeout=10s")
     table = k("get", "srun").stdout.splitlines()
-    assert table[0].split() == ["NAME", "PHASE", "STAGE", "STEP", "AGE"]
+    assert table[0].split() == ["NAME", "PHASE", "STAGE", "STEP", "GPU-HOURS", "AGE"]
     assert sorted(line.split()[:3] for line in table[1:]) == sorted([n, "Running", "fm"] for n in names)
     jobs = k("get", "pytorchjobs", "-o", "jsonpath={.items[*].metadata.name}").stdout.split()
     assert sorted(jobs) == sorted(f"{n}-fm" for n in names)

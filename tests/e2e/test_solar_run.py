@@ -75,6 +75,11 @@ def test_interrupted_run_continues_where_it_stopped_and_finishes(data, tmp_path)
     assert (workdir / "tiny-wan" / "generate" / "generation" / "COMPLETE.json").is_file()
     assert (workdir / "tiny-wan" / "logs" / "anyflow-2.log").is_file()
     assert "solar run: Succeeded" in again.stderr
+    usage = {s["name"]: s["usage"] for s in status["stages"]}  # GPU time from each stage's run-result.json
+    assert all(u["gpuSeconds"] > 0 for u in usage.values()) and [a["status"] for a in usage["anyflow"]["attempts"]][-1] \
+        == "complete"
+    assert status["gpuHours"] == pytest.approx(sum(u["gpuSeconds"] for u in usage.values()) / 3600, abs=1e-4)
+    assert "GPU-hours:" in again.stderr
     third = _solar_run(manifest, workdir)  # a finished run is left as it is
     assert third.returncode == 0 and "already succeeded" in third.stderr
 

@@ -89,6 +89,11 @@ def test_resume_is_bitwise_exact(sharding, saving, data, tmp_path):
     for rank in (0, 1):
         assert [e["loss"] for e in steps(straight, rank)] == [e["loss"] for e in steps(split, rank)]
     assert (split / "launches").is_dir()  # the resumed launch is recorded beside the first
+    usage = result(split)["usage"]  # GPU time: both launches, world size x wall time each
+    assert [(a["status"], a["world_size"]) for a in usage["attempts"]] == [("stopped", 2), ("complete", 2)]
+    assert all(a["gpu_seconds"] > 0 and a["gpu_seconds"] == pytest.approx(2 * a["wall_seconds"], abs=2e-3)
+               for a in usage["attempts"])
+    assert usage["gpu_seconds"] == pytest.approx(sum(a["gpu_seconds"] for a in usage["attempts"]), abs=2e-3)
 
 
 def test_sequence_parallel_steps_match_sp1(data, tmp_path):

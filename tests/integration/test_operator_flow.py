@@ -86,9 +86,17 @@ def test_a_three_stage_run_advances_as_its_jobs_finish(world):
         reasons = wait_for(lambda: (lambda r: r if "Completed" in r else None)(world.event_reasons("three-stage")))
         assert reasons == ["Resolved", "MemoryForecast", "StageStarted", "StageRunning", "StageSucceeded", "StageStarted",
                            "StageSucceeded", "StageStarted", "StageSucceeded", "Completed"]
+        plan = world.plan("three-stage")
+        world_size = plan.stage("fm").nproc * plan.stage("fm").nodes
+        # each stage's launch took an hour of each of its GPUs
+        assert status["gpuHours"] == pytest.approx(sum(p.nproc * p.nodes for p in plan.stages), rel=1e-3)
+        assert [len(s["usage"]["attempts"]) for s in status["stages"]] == [1, 1, 1]
         text = _scrape()
         labels = f'namespace="{world.namespace}",run="three-stage",stage="fm"'
         assert f"solar_run_checkpoint_step{{{labels}}} 4.0" in text
+        fm_route = world.plan("three-stage").stage("fm").route.split(":")[1]
+        assert _counter_at_least(text, fm_route, 3600 * world_size)
+        assert f'solar_run_gpu_hours{{namespace="{world.namespace}",run="three-stage"}}' in text
         assert f"solar_run_validation_step{{{labels}}} 4.0" in text
         assert 'solar_operator_reconcile_total{handler="job",result="success"}' in text
         assert (f'solar_run_phase{{namespace="{world.namespace}",phase="Succeeded",run="three-stage",'
@@ -227,3 +235,11 @@ def test_a_job_the_run_did_not_create_is_never_touched(world):
         time.sleep(1.0)
         job = world.jobs()["squat-fm"]
         assert "labels" not in job["metadata"] and "ownerReferences" not in job["metadata"]  # untouched
+
+
+def _counter_at_least(text: str, stage: str, seconds: float) -> bool:
+    """The GPU-seconds counter of the stage's route (other tests in this process may have added to it)."""
+    for line in text.splitlines():
+        if line.startswith("solar_stage_gpu_seconds_total{") and f'stage="{stage}"' in line and 'action="train"' in line:
+            return float(line.rsplit(" ", 1)[1]) >= seconds * 0.999
+    return False

@@ -20,7 +20,7 @@ from solar.run.plan import RunPlan, plan_run
 from solar.run.spec import SolarRun
 from solar.safetensors_io import encode
 from solar.storage import checkpoints as ckpt
-from solar.storage.run_dir import write_result
+from solar.storage.run_dir import usage, write_result
 from tests.conftest import REPO
 from tests.support.kube import Cluster, run_kopf_operator, wait_for
 
@@ -126,8 +126,12 @@ class World:
             (root / "events").mkdir(exist_ok=True)
             with open(root / "events" / f"rank-{rank:05d}.jsonl", "a") as fh:
                 fh.writelines(json.dumps(r) + "\n" for r in records)
-        if result:
-            write_result(root, result, error_type=error_type)
+        if result:  # the launch took an hour of every rank's time
+            import time
+
+            now = time.time()
+            write_result(root, result, error_type=error_type, usage=usage(
+                root, world=p.nodes * p.nproc, device="cuda", started=now - 3600, ended=now, status=result))
         return root
 
     def events(self) -> list[dict]:

@@ -35,7 +35,7 @@ def test_every_node_is_structural():
 
     walk(version["schema"]["openAPIV3Schema"], "")
     assert version["subresources"] == {"status": {}}
-    assert [c["name"] for c in version["additionalPrinterColumns"]] == ["Phase", "Stage", "Step", "Age"]
+    assert [c["name"] for c in version["additionalPrinterColumns"]] == ["Phase", "Stage", "Step", "GPU-Hours", "Age"]
 
 
 @pytest.mark.parametrize("path", sorted((REPO / "examples").glob("solarrun-*.yaml")), ids=lambda p: p.name)

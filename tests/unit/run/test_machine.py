@@ -255,3 +255,20 @@ def test_a_rejected_job_fails_the_run_with_the_servers_reason():
                    now=T0 + 1, generation=1)
     assert d.status.phase == "Failed" and d.status.stage("fm").reason == "JobRejected"
     assert next(c for c in d.status.conditions if c.type == "Failed").status == "True"
+
+
+def test_a_stages_gpu_time_comes_from_its_run_result_and_adds_up_for_the_run():
+    from solar.run.machine import _note_usage
+    from solar.run.spec import SolarRunStatus, StageStatus
+
+    status = SolarRunStatus(stages=[StageStatus(name="fm"), StageStatus(name="anyflow")])
+    usage = {"gpu_seconds": 10800.0, "attempts": [
+        {"status": "failed", "world_size": 8, "gpu_seconds": 3600.0, "started": "t0", "ended": "t1"},
+        {"status": "complete", "world_size": 8, "gpu_seconds": 7200.0}]}
+    _note_usage(status, status.stages[0], usage)
+    assert status.stages[0].usage.gpuSeconds == 10800.0 and status.gpuHours == 3.0
+    assert [(a.status, a.gpuSeconds) for a in status.stages[0].usage.attempts] == [("failed", 3600.0), ("complete", 7200.0)]
+    _note_usage(status, status.stages[1], {"gpu_seconds": 1800.0, "attempts": []})
+    assert status.gpuHours == 3.5
+    _note_usage(status, status.stages[1], {"attempts": "not a list"})  # another version's document: left alone
+    assert status.gpuHours == 3.5 and status.stages[1].usage.gpuSeconds == 1800.0

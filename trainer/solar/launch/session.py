@@ -4,7 +4,9 @@ Rank 0 checks the run directory and the launch's sources before anything is writ
 learns its verdict; then rank 0 writes ``resolved-config.json``, ``launch-manifest.json`` and
 ``environment.json``, every rank opens its log, events and heartbeat, and at the end rank 0 writes
 ``run-result.json`` (complete, stopped or failed, with the error type and message every rank agreed
-on). A failure is recorded on each rank by ``run_dir.record_failure``.
+on, and ``usage``: this launch's GPU time, world size x wall time from the first rank's start, after
+the earlier launches of the same directory). A failure is recorded on each rank by
+``run_dir.record_failure``.
 
     session = Session(resolved, dist, out, verb="training")
     session.check(lambda: ...)              # SolarError on every rank when rank 0 refuses
@@ -61,10 +63,13 @@ class Session:
         self.heartbeat: run_dir.Heartbeat | None = None
         self.rank_log: run_dir.RankLog | None = None
         self.error: BaseException | None = None
+        self.started: float | None = None
 
     def check(self, checks: Callable[[], None]) -> None:
         """Run ``checks`` on rank 0 before anything is written; a refusal ends every rank with the
         same ``SolarError`` (and the process group closed)."""
+        from solar import STARTED
+
         d = self.dist
         verdict = None
         if d.rank == 0:
@@ -72,7 +77,8 @@ class Session:
                 checks()
             except SolarError as exc:
                 verdict = str(exc)
-        verdict = d.all_gather_object(verdict, "prepare")[0]
+        shared = d.all_gather_object((verdict, STARTED), "prepare")
+        verdict, self.started = shared[0][0], min(started for _, started in shared)  # the first rank's start
         if verdict:
             d.close()
             raise SolarError(verdict)
@@ -107,20 +113,30 @@ class Session:
                                        heartbeat=self.heartbeat, rank_log=self.rank_log)
                 if d.rank == 0 and (out / "launch-manifest.json").exists():
                     run_dir.write_result(out, "failed", error_type=kind, message=message, final=final,
-                                         checkpoints=checkpoints, validations=validations)
+                                         checkpoints=checkpoints, validations=validations, usage=self._usage("failed"))
             else:
                 if self.heartbeat is not None:
                     self.heartbeat.update(phase=status)
                 if self.events is not None:
                     self.events.write(status, durable=True, **(final or {}))
                 if d.rank == 0:
-                    run_dir.write_result(out, status, final=final, checkpoints=checkpoints, validations=validations)
+                    run_dir.write_result(out, status, final=final, checkpoints=checkpoints, validations=validations,
+                                         usage=self._usage(status))
         finally:
             if self.events is not None:
                 self.events.close()
             if self.rank_log is not None:
                 self.rank_log.close()
             d.close()
+
+    def _usage(self, status: str) -> dict:
+        import time
+
+        from solar import STARTED
+
+        d = self.dist
+        return run_dir.usage(self.out, world=d.world, device=d.device.type, started=self.started or STARTED,
+                             ended=time.time(), status=status)
 
     def raise_failure(self) -> None:
         """Re-raise what ended the launch: a SolarError as it is, anything else as

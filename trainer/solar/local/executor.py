@@ -175,7 +175,12 @@ def _summary(status: SolarRunStatus, root: Path, echo) -> None:
             bits.append(f"checkpoint step {st.checkpoint.step}")
         if st.validation:
             bits.append(f"validation {'complete' if st.validation.complete else 'partial'}")
+        if st.usage:
+            bits.append(f"{st.usage.gpuSeconds / 3600:.4f} GPU-hours in {len(st.usage.attempts)} launch(es)")
         if st.message:
             bits.append(st.message)
         echo("  " + " | ".join(bits))
+    if status.gpuHours is not None:
+        echo(f"  GPU-hours: {status.gpuHours:.4f} (world size x wall time of every launch; CPU processes count "
+             "as GPUs on a machine without one)")
     echo(f"  status: {root / 'status.json'}")

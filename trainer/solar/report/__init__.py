@@ -119,6 +119,7 @@ def build(run_dir: str | os.PathLike) -> dict:
                                                "micro_batch_size", "gradient_accumulation", "global_batch_size")},
         "weights": _weights(ev.config, ev.launch),
         "final": result.get("final"),
+        "usage": result.get("usage"),
         "checkpoints": [{"step": c["step"], "path": c["path"], "complete": c["complete"], "valid": c["valid"]}
                         for c in ev.checkpoints],
         "partial_checkpoints": ev.partial_checkpoints,
@@ -145,6 +146,12 @@ def render_text(report: dict) -> str:
     if final:
         lines.append(f"  final step {final.get('step')}: loss {_fmt(final.get('loss'))}, grad norm "
                      f"{_fmt(final.get('grad_norm'))}, step time {_fmt(final.get('step_seconds'))} s")
+    usage = report.get("usage") or {}
+    if usage.get("attempts"):
+        attempts = ", ".join(f"{a.get('status')} {a.get('gpu_seconds', 0) / 3600:.4f} h on {a.get('world_size')} "
+                             f"{a.get('device', 'gpu')}" for a in usage["attempts"])
+        lines.append(f"  GPU time: {usage.get('gpu_hours', 0):.4f} GPU-hours in {len(usage['attempts'])} "
+                     f"launch(es): {attempts}")
     valid = [c for c in report["checkpoints"] if c["valid"]]
     lines.append(f"  checkpoints: {len(valid)} verified of {len(report['checkpoints'])}"
                  + (f" (newest step {valid[-1]['step']})" if valid else "")

@@ -147,6 +147,15 @@ img{border:1px solid #ccc;display:block} .status-failed{color:#b91c1c} .status-h
 """
 
 
+def _usage(usage: dict | None) -> str:
+    """Every launch's GPU time (world size x wall time), failed and retried ones apart."""
+    if not usage or not usage.get("attempts"):
+        return "-"
+    launches = "; ".join(f"{a.get('status')}: {a.get('gpu_seconds', 0) / 3600:.4f} h ({a.get('world_size')} x "
+                         f"{a.get('wall_seconds', 0):.0f} s, {a.get('device', 'gpu')})" for a in usage["attempts"])
+    return f"{usage.get('gpu_hours', 0):.4f} GPU-hours — {launches}"
+
+
 def page(report: dict) -> str:
     s = report["series"]
     d = report["diagnosis"]
@@ -162,7 +171,8 @@ def page(report: dict) -> str:
             ("final", ", ".join(f"{k} {v:.4g}" if isinstance(v, float) else f"{k} {v}" for k, v in final.items())
              or "-"),
             ("checkpoints", f"{sum(c['valid'] for c in report['checkpoints'])} verified of "
-                            f"{len(report['checkpoints'])}; partial: {len(report['partial_checkpoints'])}")]
+                            f"{len(report['checkpoints'])}; partial: {len(report['partial_checkpoints'])}"),
+            ("GPU time", _usage(report.get("usage")))]
     table = "".join(f"<tr><th>{_esc(k)}</th><td>{_esc(v)}</td></tr>" for k, v in rows)
     plots = "".join(line_plot(title, s["step"], s[key], color=color) for title, key, color in (
         ("loss", "loss", "#2563eb"), ("grad norm", "grad_norm", "#9333ea"), ("learning rate", "lr", "#ea580c"),

@@ -105,6 +105,7 @@ def crd_document() -> dict[str, Any]:
                     {"name": "Phase", "type": "string", "jsonPath": ".status.phase"},
                     {"name": "Stage", "type": "string", "jsonPath": ".status.currentStage"},
                     {"name": "Step", "type": "integer", "jsonPath": ".status.step"},
+                    {"name": "GPU-Hours", "type": "number", "jsonPath": ".status.gpuHours"},
                     {"name": "Age", "type": "date", "jsonPath": ".metadata.creationTimestamp"},
                 ],
                 "schema": {"openAPIV3Schema": {

@@ -36,11 +36,13 @@ from solar.run import failure, progress_deadline, resume, success, suspend
 from solar.run.observe import StageFiles
 from solar.run.plan import RunInvalid, RunPlan, StagePlan, job_name
 from solar.run.spec import (
+    AttemptUsage,
     CheckpointStatus,
     MemoryStatus,
     SolarRunSpec,
     SolarRunStatus,
     StageStatus,
+    StageUsage,
     StatusTopology,
     ValidationStatus,
 )
@@ -196,6 +198,7 @@ def _advance(r: _Run, spec: SolarRunSpec, st: StageStatus, p: StagePlan, obs: Ob
     status.currentStage = st.name
     status.phase = "Running"
     files = obs.files.get(st.name) or StageFiles(exists=False)
+    _note_usage(status, st, files.usage)
     if p.action == "train":
         status.step = files.latest
         _note_checkpoint(r, st, p, files.latest)
@@ -230,6 +233,20 @@ def _advance(r: _Run, spec: SolarRunSpec, st: StageStatus, p: StagePlan, obs: Ob
     if phase == "Running":  # while its pods are pending, Progressing keeps saying how the attempt started
         r.condition(C.PROGRESSING, "True", C.STAGE_RUNNING, C.STAGE_RUNNING.message(stage=st.name, attempt=st.attempt))
     return False
+
+
+def _note_usage(status: SolarRunStatus, st: StageStatus, usage: dict | None) -> None:
+    """The stage's GPU time from its run-result.json (every launch so far), and the run's total."""
+    if not usage:
+        return
+    try:
+        st.usage = StageUsage(gpuSeconds=usage["gpu_seconds"], attempts=[
+            AttemptUsage(status=a.get("status", "unknown"), worldSize=a.get("world_size", 0),
+                         gpuSeconds=a.get("gpu_seconds", 0.0), started=a.get("started"), ended=a.get("ended"))
+            for a in usage.get("attempts", [])])
+    except (KeyError, TypeError, ValueError):  # a run-result from another version: say nothing rather than guess
+        return
+    status.gpuHours = round(sum(s.usage.gpuSeconds for s in status.stages if s.usage) / 3600, 4)
 
 
 def _start(r: _Run, st: StageStatus, p: StagePlan, files: StageFiles) -> None:

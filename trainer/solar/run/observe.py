@@ -29,6 +29,7 @@ class StageFiles:
     marker: bool = False                    # the expected validation/generation COMPLETE.json exists
     marker_status: str | None = None        # its status (complete | partial)
     last_activity: float | None = None      # newest mtime of heartbeats, events, checkpoints (epoch seconds)
+    usage: dict | None = None               # run-result.json usage: GPU time of every launch so far
 
 
 def _mtime(paths) -> float | None:
@@ -56,10 +57,11 @@ def observe_stage(stage_dir: str | Path, *, final_step: int | None, validation_s
     root = Path(stage_dir)
     if not root.is_dir():
         return StageFiles(exists=False)
-    result = message = error = None
+    result = message = error = usage = None
     try:
         doc = json.loads((root / "run-result.json").read_text())
         result, message, error = doc.get("status"), doc.get("message"), doc.get("error_type")
+        usage = doc.get("usage") if isinstance(doc.get("usage"), dict) else None
     except (OSError, ValueError):
         pass
     latest = ckpt.latest_valid(root)
@@ -79,7 +81,7 @@ def observe_stage(stage_dir: str | Path, *, final_step: int | None, validation_s
     activity = _mtime(list((root / "heartbeat").glob("*.json")) + list((root / "events").glob("*.jsonl"))
                       + list((root / "checkpoints").glob("step_*")) + [root / "run-result.json"])
     return StageFiles(True, (root / "launch-manifest.json").is_file(), result, message, error,
-                      latest["step"] if latest else None, final, problems, marker, marker_status, activity)
+                      latest["step"] if latest else None, final, problems, marker, marker_status, activity, usage)
 
 
 class LazyStageFiles(Mapping[str, StageFiles]):

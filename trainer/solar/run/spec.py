@@ -146,6 +146,19 @@ class MemoryStatus(Doc):
     gpuMemoryBytes: int | None = Field(None, description="The GPU memory it was checked against (topology.gpuMemory).")
 
 
+class AttemptUsage(Doc):
+    status: str = Field(description="How the launch ended: complete, stopped or failed.")
+    worldSize: int
+    gpuSeconds: float = Field(description="World size x wall time from the first rank's start to the end.")
+    started: str | None = None
+    ended: str | None = None
+
+
+class StageUsage(Doc):
+    gpuSeconds: float = Field(description="Every launch of the stage together (failed and retried ones included).")
+    attempts: list[AttemptUsage] = Field(default_factory=list)
+
+
 class StageStatus(Doc):
     name: str
     phase: Phase = "Pending"
@@ -159,6 +172,7 @@ class StageStatus(Doc):
     message: str | None = None
     reason: str | None = None
     memory: MemoryStatus | None = None
+    usage: StageUsage | None = None
 
 
 class Condition(Doc):
@@ -182,6 +196,8 @@ class SolarRunStatus(Doc):
     step: int | None = None
     observedGeneration: int | None = None
     topology: StatusTopology | None = None
+    gpuHours: float | None = Field(None, description="GPU time of every stage's launches so far (queueing and "
+                                                     "suspended time excluded), from their run-result.json.")
     stages: list[StageStatus] = Field(default_factory=list)
     conditions: list[Condition] = Field(default_factory=list)
 

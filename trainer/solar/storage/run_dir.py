@@ -112,9 +112,12 @@ def write_environment(output_dir: Path) -> None:
 
 
 def write_result(output_dir: Path, status: str, *, error_type: str | None = None, message: str | None = None,
-                 final: dict | None = None, checkpoints: list | None = None, validations: list | None = None) -> None:
+                 final: dict | None = None, checkpoints: list | None = None, validations: list | None = None,
+                 usage: dict | None = None) -> None:
     doc = {"schema": RESULT_SCHEMA, "status": status, "checkpoints": checkpoints or [],
            "validations": validations or []}
+    if usage is not None:
+        doc["usage"] = usage
     if error_type is not None:
         doc["error_type"] = error_type
     if message is not None:
@@ -122,6 +125,28 @@ def write_result(output_dir: Path, status: str, *, error_type: str | None = None
     if final is not None:
         doc["final"] = final
     write_replace(output_dir / "run-result.json", pretty_bytes(doc))
+
+
+def usage(output_dir: Path, *, world: int, device: str, started: float, ended: float, status: str) -> dict:
+    """``run-result.json``'s ``usage``: this launch's GPU time (world size x wall time from its first
+    rank's start to its end) after the earlier launches of the same run directory (their results,
+    failed and stopped ones included), and the totals."""
+    try:
+        earlier = json.loads((output_dir / "run-result.json").read_text()).get("usage", {}).get("attempts", [])
+    except (OSError, ValueError, AttributeError):
+        earlier = []
+    wall = max(ended - started, 0.0)
+    attempts = [*earlier, {"status": status, "world_size": world, "device": device, "started": _iso(started),
+                           "ended": _iso(ended), "wall_seconds": round(wall, 3), "gpu_seconds": round(world * wall, 3)}]
+    return {"gpu_seconds": round(sum(a.get("gpu_seconds", 0.0) for a in attempts), 3),
+            "gpu_hours": round(sum(a.get("gpu_seconds", 0.0) for a in attempts) / 3600, 6),
+            "attempts": attempts}
+
+
+def _iso(t: float) -> str:
+    import datetime as dt
+
+    return dt.datetime.fromtimestamp(t, dt.timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ")
 
 
 class EventLog:
