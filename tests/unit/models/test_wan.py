@@ -168,6 +168,41 @@ def test_teacher_forcing_equals_chunked_kv_generation():
         assert (full - torch.cat(pieces, dim=2)).abs().max().item() <= 1e-5, backend
 
 
+@pytest.mark.filterwarnings("ignore::UserWarning")
+@pytest.mark.parametrize("variant", [TI2V, A14B])
+def test_teacher_context_gives_the_full_sequence_prediction(variant):
+    """The clean half run once, then the noisy half alone against its keys/values, predicts what
+    the whole ``[clean | noisy]`` sequence does, for several noisy inputs and both r conventions."""
+    d = dims(variant, heads=2, head_dim=16)
+    for backend, with_r in (("reference", True), ("sdpa", True), ("flex", True), ("sdpa", False)):
+        model = randomize(ours(d, camera_transform="logd4", chunk_latents=3, max_prior_clean_chunks=2,
+                               attention_backend=backend, anyflow=with_r))
+        gen = torch.Generator().manual_seed(5)
+        frames, channels = 9, d.out_channels
+        clean = torch.randn(2, channels, frames, 4, 4, generator=gen)
+        extra = d.in_channels - channels
+        condition = torch.randn(2, extra, frames, 4, 4, generator=gen) if extra else None
+        ctx = torch.randn(2, 5, d.text_dim, generator=gen)
+        cams = moving_cameras(frames).expand(2, -1, -1, -1)
+        context = model.teacher_context(clean, ctx, cameras=cams, with_r=with_r, condition=condition)
+        for _ in range(2):  # the context is read, never changed
+            noisy = torch.randn(2, channels, frames, 4, 4, generator=gen)
+            t = torch.rand(2, frames, generator=gen) * 1000
+            r = t * torch.rand(2, frames, generator=gen) if with_r else None
+            full = model.forward_teacher_forcing(clean, noisy, t, ctx, cameras=cams, r_timestep=r,
+                                                 condition=condition)
+            half = model.forward_teacher_forcing(clean, noisy, t, ctx, cameras=cams, r_timestep=r,
+                                                 condition=condition, context=context)
+            assert (full - half).abs().max().item() <= 1e-5, (backend, with_r)
+        other = None if with_r else t
+        with pytest.raises(ValueError, match="other r_timestep convention"):
+            model.forward_teacher_forcing(clean, noisy, t, ctx, cameras=cams, r_timestep=other,
+                                          condition=condition, context=context)
+        with torch.enable_grad(), pytest.raises(ValueError, match="without grad"):
+            model.forward_teacher_forcing(clean, noisy, t, ctx, cameras=cams, r_timestep=r, condition=condition,
+                                          context=context)
+
+
 def test_teacher_forcing_mask_rules():
     m = teacher_forcing_mask(frames=9, tokens_per_frame=1, chunk=3, window=1, pad=2)
     dense = m.dense()

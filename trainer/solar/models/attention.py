@@ -37,9 +37,11 @@ class TokenMask:
     kind: torch.Tensor   # [S] int: CLEAN / NOISY / PAD
     chunk: torch.Tensor  # [S] int: chunk index of the token's frame
     window: int          # prior clean chunks a chunk may see
+    q_offset: int = 0    # queries are the tokens from here on (keys: all S), e.g. the noisy half alone
 
     def allowed(self, q: torch.Tensor, k: torch.Tensor) -> torch.Tensor:
         """Boolean "query q may see key k" for (broadcastable) index tensors."""
+        q = q + self.q_offset
         kq, kk = self.kind[q], self.kind[k]
         cq, ck = self.chunk[q], self.chunk[k]
         lag = cq - ck
@@ -51,18 +53,49 @@ class TokenMask:
         return clean_q | noisy_ctx | noisy_self | prefix | pad_self
 
     def dense(self) -> torch.Tensor:
+        """[S - q_offset, S]."""
         idx = torch.arange(self.kind.numel(), device=self.kind.device)
-        return self.allowed(idx[:, None], idx[None, :])
+        return self.allowed(idx[:self.kind.numel() - self.q_offset, None], idx[None, :])
+
+    def queries_from(self, offset: int) -> TokenMask:
+        """The same rule for the queries from token ``offset`` on against every key."""
+        return _memo(("rows", id(self), offset), lambda: TokenMask(self.kind, self.chunk, self.window, offset), self)
+
+
+_MASKS: dict[tuple, tuple] = {}
+
+
+def _memo(key: tuple, build: Callable[[], TokenMask], *keep) -> TokenMask:
+    """One TokenMask object per layout, so the block masks built from it (keyed by the object) are
+    built once and a compiled block sees the same mask every step; ``keep`` holds what ``key``
+    names by identity."""
+    hit = _MASKS.get(key)
+    if hit is None:
+        if len(_MASKS) >= 32:
+            _MASKS.pop(next(iter(_MASKS)))
+        hit = _MASKS[key] = (build(), keep)
+    return hit[0]
 
 
 def teacher_forcing_mask(frames: int, tokens_per_frame: int, chunk: int, window: int,
                          pad: int = 0, device: torch.device | str = "cpu") -> TokenMask:
     """The mask of ``[clean frames 0..F-1 | noisy frames 0..F-1 | pad]``."""
-    frame = torch.arange(frames, device=device).repeat_interleave(tokens_per_frame)
-    chunk_ids = torch.cat([frame // chunk, frame // chunk, torch.zeros(pad, dtype=torch.long, device=device)])
-    kind = torch.cat([torch.full_like(frame, CLEAN), torch.full_like(frame, NOISY),
-                      torch.full((pad,), PAD, dtype=torch.long, device=device)])
-    return TokenMask(kind, chunk_ids, window)
+    def build() -> TokenMask:
+        frame = torch.arange(frames, device=device).repeat_interleave(tokens_per_frame)
+        chunk_ids = torch.cat([frame // chunk, frame // chunk, torch.zeros(pad, dtype=torch.long, device=device)])
+        kind = torch.cat([torch.full_like(frame, CLEAN), torch.full_like(frame, NOISY),
+                          torch.full((pad,), PAD, dtype=torch.long, device=device)])
+        return TokenMask(kind, chunk_ids, window)
+    return _memo(("tf", frames, tokens_per_frame, chunk, window, pad, str(device)), build)
+
+
+def clean_mask(frames: int, tokens_per_frame: int, chunk: int, window: int,
+               device: torch.device | str = "cpu") -> TokenMask:
+    """The clean half of ``teacher_forcing_mask`` alone (it never sees the noisy half)."""
+    def build() -> TokenMask:
+        frame = torch.arange(frames, device=device).repeat_interleave(tokens_per_frame)
+        return TokenMask(torch.full_like(frame, CLEAN), frame // chunk, window)
+    return _memo(("clean", frames, tokens_per_frame, chunk, window, str(device)), build)
 
 
 def _reference(q, k, v, mask: TokenMask | None):
@@ -100,20 +133,21 @@ def make_flex(compile_kernel: bool | None = None) -> Callable:
     compiled = flex_attention
     if compile_kernel if compile_kernel is not None else torch.cuda.is_available():
         compiled = torch.compile(flex_attention, dynamic=False)
-    cache: dict[tuple, object] = {}
+    cache: dict[tuple, tuple] = {}   # a few layouts (the teacher-forcing step alternates three)
 
     def flex(q, k, v, mask: TokenMask | None):
         if mask is None:
             return compiled(q, k, v)
         key = (id(mask), q.shape[-2], k.shape[-2], q.device)
-        block = cache.get(key)
-        if block is None:
+        hit = cache.get(key)
+        if hit is None:
             def mask_mod(b, h, q_idx, kv_idx):
                 return mask.allowed(q_idx, kv_idx)
             block = create_block_mask(mask_mod, None, None, q.shape[-2], k.shape[-2], device=q.device)
-            cache.clear()
-            cache[key] = block
-        return compiled(q, k, v, block_mask=block)
+            if len(cache) >= 4:
+                cache.pop(next(iter(cache)))
+            hit = cache[key] = (mask, block)  # the mask is held so its id is not reused while cached
+        return compiled(q, k, v, block_mask=hit[1])
     return flex
 
 

@@ -73,6 +73,11 @@ def apply_compile(model: torch.nn.Module) -> int:
     return len(blocks)
 
 
+def is_compiled(model: torch.nn.Module) -> bool:
+    """Whether ``apply_compile`` compiled the model's blocks."""
+    return any(getattr(block, "_compiled_call_impl", None) is not None for block in blocks_of(model))
+
+
 def device_mesh(*, world: int, local_world: int, strategy: str, device: torch.device):
     """The sharding mesh: (replicate, shard) with one shard group per node for ``hybrid_shard`` when
     the world spans several nodes, else one shard dimension over every rank."""
@@ -87,9 +92,7 @@ def device_mesh(*, world: int, local_world: int, strategy: str, device: torch.de
 def apply_fsdp(model: torch.nn.Module, mesh, *, policy=None, reshard_after_forward: bool = True):
     """``fully_shard`` each block, then the root, over ``mesh`` (``device_mesh``). ``policy``: FSDP2's
     MixedPrecisionPolicy (``solar.launch.precision.fsdp_policy``)."""
-    from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
-
-    from torch.distributed.fsdp import register_fsdp_forward_method
+    from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard, register_fsdp_forward_method
 
     policy = policy or MixedPrecisionPolicy()
     for block in blocks_of(model):
@@ -102,4 +105,4 @@ def apply_fsdp(model: torch.nn.Module, mesh, *, policy=None, reshard_after_forwa
             register_fsdp_forward_method(model, name)
 
 
-FORWARD_METHODS = ("forward_teacher_forcing", "new_cache", "forward_chunk", "commit_chunk")
+FORWARD_METHODS = ("forward_teacher_forcing", "teacher_context", "new_cache", "forward_chunk", "commit_chunk")

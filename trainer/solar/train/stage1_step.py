@@ -36,7 +36,11 @@ def _drops(cfg: RunConfig, step: int, dp_rank: int, micro: int, batch: int) -> l
 
 def anyflow_loss(model, cfg: RunConfig, batch: Batch, *, step: int, dp_rank: int, dp_world: int, micro: int,
                  gather: Gather, negative: torch.Tensor | None = None,
-                 audio_silence: torch.Tensor | None = None) -> tuple[torch.Tensor, list[dict]]:
+                 audio_silence: torch.Tensor | None = None,
+                 clean_context: bool = True) -> tuple[torch.Tensor, list[dict]]:
+    """The step's AnyFlow loss and per-sample records. ``clean_context``: Wan's forwards without
+    grad reuse the clean half's keys/values (``_wan_velocity``); False runs every forward over the
+    whole sequence (the same numbers; kept for the equality tests and benchmarks)."""
     a, family = cfg.train.anyflow, cfg.model.family
     accum = cfg.train.gradient_accumulation
     x0 = batch.latents
@@ -79,10 +83,7 @@ def anyflow_loss(model, cfg: RunConfig, batch: Batch, *, step: int, dp_rank: int
         if guidance != 1.0 and negative is None:
             raise ValueError("a guided AnyFlow target needs the negative prompt (data.negative_prompt)")
         neg = None if negative is None else negative.to(device, batch.prompt.dtype)[None].expand(B, -1, -1)
-
-        def velocity(z, t_raw, r_raw, negative_prompt):
-            prompt = neg if negative_prompt else batch.prompt
-            return model.forward_teacher_forcing(x0, z, t_raw, prompt, cameras=batch.cameras, r_timestep=r_raw)
+        velocity = _wan_velocity(model, x0, batch, neg, clean_context)
 
         keep = torch.zeros(B, x0.shape[2], dtype=torch.bool, device=device)
         keep[:, 0] = torch.tensor([not d for d in drops], device=device)
@@ -109,6 +110,34 @@ def anyflow_loss(model, cfg: RunConfig, batch: Batch, *, step: int, dp_rank: int
                         "kind": af.KIND_NAMES[int(pairs.kind[i])], "image_condition_dropped": drops[i],
                         "loss": float(losses[i].detach())})
     return losses.mean(), records
+
+
+def _wan_velocity(model, x0: torch.Tensor, batch: Batch, neg: torch.Tensor | None, clean_context: bool):
+    """The model as AnyFlow's velocity over ``[clean | noisy]``. The clean half sits at t = r = 0
+    with the same latents in every forward of the step and attends only to clean tokens, so the
+    forwards without grad run it once per prompt (``teacher_context``) and then the noisy half
+    alone; the forward with grad runs the whole sequence (the clean half's activations get
+    gradients). Not under sequence parallelism, where the full sequence runs every time, and not
+    with compiled blocks: on the H200 a compiled 5B Stage1 step with the context had not finished
+    its first step after 395 s (bench/RESULTS.md), so compiled runs keep the full-sequence forwards."""
+    from solar.train.parallelize import is_compiled
+
+    reuse = (clean_context and hasattr(model, "teacher_context") and getattr(model, "sp", None) is None
+             and not is_compiled(model))
+    held: dict[bool, object] = {}    # one context at a time: the negative prompt's, then the prompt's
+
+    def velocity(z, t_raw, r_raw, negative_prompt):
+        prompt = neg if negative_prompt else batch.prompt
+        if not reuse or torch.is_grad_enabled():
+            held.clear()
+            return model.forward_teacher_forcing(x0, z, t_raw, prompt, cameras=batch.cameras, r_timestep=r_raw)
+        if negative_prompt not in held:
+            held.clear()
+            held[negative_prompt] = model.teacher_context(x0, prompt, cameras=batch.cameras, with_r=r_raw is not None)
+        return model.forward_teacher_forcing(x0, z, t_raw, prompt, cameras=batch.cameras, r_timestep=r_raw,
+                                             context=held[negative_prompt])
+
+    return velocity
 
 
 def tf_fm_loss(model, cfg: RunConfig, batch: Batch, *, step: int, dp_rank: int, micro: int

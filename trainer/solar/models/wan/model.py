@@ -27,7 +27,7 @@ import torch.nn as nn
 import torch.nn.functional as F
 
 from solar.config.families import Dims
-from solar.models.attention import TokenMask, build_attention, teacher_forcing_mask
+from solar.models.attention import TokenMask, build_attention, clean_mask, teacher_forcing_mask
 from solar.models.prope import CameraMatrices, apply_blocks, camera_matrices
 from solar.models.rope import apply_rope, rope_tables
 from solar.models.sequence_parallel import SPGroup, frame_splits, gather_frames, ulysses
@@ -153,6 +153,20 @@ class KVCache:
 
 
 @dataclass
+class TeacherContext:
+    """The clean half of a teacher-forcing sequence, run once: its per-layer keys/values (and the
+    prompt's cross-attention keys/values). The clean half (t = r = 0) attends only to clean tokens,
+    so forwards over ``[clean | noisy]`` with the same clean latents, prompt and cameras see exactly
+    these; a forward without grad given this context runs the noisy half alone."""
+
+    cache: KVCache
+    frames: int
+    tokens_per_frame: int
+    with_r: bool                       # built for calls that pass r_timestep (AnyFlow) or not
+    mask: TokenMask                    # the teacher-forcing rule, queries = the noisy half
+
+
+@dataclass
 class _Step:
     """What one forward over a token run needs besides the hidden states."""
 
@@ -208,7 +222,7 @@ class Block(nn.Module):
         if layer is not None:
             keys = k if layer.k is None else torch.cat([layer.k, k], dim=2)
             values = v if layer.v is None else torch.cat([layer.v, v], dim=2)
-            out = step.attend(q, keys, values, None)
+            out = step.attend(q, keys, values, step.mask)
             if step.commit:
                 layer.k, layer.v = keys, values
         else:
@@ -379,9 +393,14 @@ class WanDiT(nn.Module):
     def forward_teacher_forcing(self, clean: torch.Tensor, noisy: torch.Tensor, timestep: torch.Tensor,
                                 prompt_embeds: torch.Tensor, *, cameras: torch.Tensor | None = None,
                                 r_timestep: torch.Tensor | None = None,
-                                condition: torch.Tensor | None = None) -> torch.Tensor:
+                                condition: torch.Tensor | None = None,
+                                context: TeacherContext | None = None) -> torch.Tensor:
         """``[clean | noisy]`` in one sequence with the chunked causal mask; returns the prediction
-        for the noisy frames. ``timestep``/``r_timestep`` [B, F] for the noisy frames (clean: 0)."""
+        for the noisy frames. ``timestep``/``r_timestep`` [B, F] for the noisy frames (clean: 0).
+        With ``context`` (``teacher_context`` of the same clean latents, prompt and cameras) only
+        the noisy half runs, against the clean half's stored keys/values: the same prediction."""
+        if context is not None:
+            return self._noisy_half(noisy, timestep, context, cameras, r_timestep, condition)
         if condition is not None:
             clean, noisy = torch.cat([clean, condition], dim=1), torch.cat([noisy, condition], dim=1)
         clean_tokens, grid = self._patchify(clean)
@@ -401,6 +420,50 @@ class WanDiT(nn.Module):
                         positions=positions, grid_hw=grid[1:],
                         cams=None if cams is None else cams.repeat_frames(2), mask=mask)
         return self._unpatchify(out[:, frames * n:], grid)
+
+    @torch.no_grad()
+    def teacher_context(self, clean: torch.Tensor, prompt_embeds: torch.Tensor, *,
+                        cameras: torch.Tensor | None = None, with_r: bool = False,
+                        condition: torch.Tensor | None = None) -> TeacherContext:
+        """Run the clean half of the teacher-forcing sequence once (without grad) and keep what the
+        noisy half reads from it; ``with_r`` for forwards that pass ``r_timestep`` (clean: r = 0)."""
+        if self.sp is not None:
+            raise ValueError("a teacher-forcing context runs without sequence parallelism")
+        if condition is not None:
+            clean = torch.cat([clean, condition], dim=1)
+        tokens, grid = self._patchify(clean)
+        B, frames = clean.shape[0], grid[0]
+        n = grid[1] * grid[2]
+        zeros = torch.zeros(B, frames, device=clean.device)
+        cache = KVCache([LayerCache() for _ in self.blocks], self.condition_embedder.text_embedder(prompt_embeds),
+                        self.cfg.max_prior_clean_chunks, n)
+        chunk, window = self.cfg.chunk_latents, self.cfg.max_prior_clean_chunks
+        self._run(tokens, cache.context, t_BF=zeros, r_BF=zeros if with_r else None,
+                  positions=torch.arange(frames, device=clean.device), grid_hw=grid[1:],
+                  cams=self._cameras(cameras, frames, B), mask=clean_mask(frames, n, chunk, window, clean.device),
+                  cache=cache, commit=True)
+        full = teacher_forcing_mask(frames, n, chunk, window, device=clean.device)
+        return TeacherContext(cache, frames, n, with_r, full.queries_from(frames * n))
+
+    def _noisy_half(self, noisy, timestep, context: TeacherContext, cameras, r_timestep, condition):
+        if torch.is_grad_enabled():
+            raise ValueError("a teacher-forcing context serves forwards without grad (the clean half's "
+                             "gradients would be lost)")
+        if (r_timestep is not None) != context.with_r:
+            raise ValueError("the teacher-forcing context was built for the other r_timestep convention")
+        if condition is not None:
+            noisy = torch.cat([noisy, condition], dim=1)
+        tokens, grid = self._patchify(noisy)
+        B, frames = noisy.shape[0], grid[0]
+        if (frames, grid[1] * grid[2]) != (context.frames, context.tokens_per_frame):
+            raise ValueError(f"the teacher-forcing context holds {context.frames} frames of "
+                             f"{context.tokens_per_frame} tokens, got {frames} of {grid[1] * grid[2]}")
+        t = self._frame_time(timestep, frames, B)
+        r = None if r_timestep is None else self._frame_time(r_timestep, frames, B)
+        out = self._run(tokens, context.cache.context, t_BF=t, r_BF=r,
+                        positions=torch.arange(frames, device=noisy.device), grid_hw=grid[1:],
+                        cams=self._cameras(cameras, frames, B), mask=context.mask, cache=context.cache)
+        return self._unpatchify(out, grid)
 
     # --- chunk-by-chunk generation -----------------------------------------------------------
     def new_cache(self, prompt_embeds: torch.Tensor) -> KVCache:

@@ -1,0 +1,148 @@
+"""Every released TI2V-5B training stage through the product (issue 25): ``python -m solar train`` on
+the released config at its own shape (81 frames 480x864 unless the config says otherwise) on
+``solar data synth --profile released`` data, world 1, unsharded, no save. The trainer's own step
+events give the step times (steady state: the median of the steps after ``WARM``; the first steps
+compile) and ``memory.cuda_peak_bytes`` (``torch.cuda.max_memory_allocated``). A ``val_*`` case
+validates one test row with every pass of the config at step 1 and reads the validation event.
+
+Stage2's three 5B roles do not fit one GPU unsharded: its cases cut ``model.dims.num_layers`` (5
+and 10 blocks) and the recipe table extrapolates to 30, saying so. A case named ``*_before`` runs
+the trainer of the tree at ``$BENCH_BASE`` (another checkout's ``trainer/``) with the same config, so
+a change is measured against what it replaces in one call. Compiled cases log recompiles and graph
+breaks (``TORCH_LOGS``) and report their count.
+
+    PYTHONPATH=trainer:. python3 bench/gpu/stages_product.py CASE [CASE ...]
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import signal
+import statistics
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+from bench.gpu.memory_runs import COMMON, WAN, _data, _value
+
+REPO = Path(__file__).resolve().parents[2]
+WORK = Path(os.environ.get("BENCH_WORK", "/tmp/solar-stages"))
+S1 = ["checkpoint.path=null", "checkpoint.weights=null"]
+S2 = ["checkpoint.roles=null", "train.ema.start_step=1"]
+COMPILE = ["runtime.compile=true"]
+VALIDATE = ["runtime.validation_steps=[1]", "validation.sample_count=1"]
+# name: (config, extra --set values, step events to wait for)
+CASES = {
+    "s05_81f": (f"{WAN}/train_stage0p5_fm_81f.yaml", [], 8),
+    "s05_81f_compile": (f"{WAN}/train_stage0p5_fm_81f.yaml", COMPILE, 10),
+    "s05_153f": (f"{WAN}/train_stage0p5_fm_153f.yaml", [], 6),
+    "s1_anyflow": (f"{WAN}/train_stage1_tf_anyflow_81f.yaml", S1, 8),
+    "s1_anyflow_before": (f"{WAN}/train_stage1_tf_anyflow_81f.yaml", S1, 6),
+    "s1_anyflow_compile": (f"{WAN}/train_stage1_tf_anyflow_81f.yaml", S1 + COMPILE, 10),
+    "s1_anyflow_save_attention": (f"{WAN}/train_stage1_tf_anyflow_81f.yaml",
+                                  S1 + ["distributed.activation_checkpointing_policy=save_attention"], 8),
+    "s1_tffm": (f"{WAN}/train_stage1_tf_fm_81f.yaml", S1, 6),
+    # student updates at outer steps 6, 11, 16 (the first allocates AdamW's state: left out)
+    "s2_l5": (f"{WAN}/train_stage2_sgf_81f.yaml", S2 + ["model.dims.num_layers=5"], 17),
+    "s2_l10": (f"{WAN}/train_stage2_sgf_81f.yaml", S2 + ["model.dims.num_layers=10"], 17),
+    "s2_l5_compile": (f"{WAN}/train_stage2_sgf_81f.yaml", S2 + COMPILE + ["model.dims.num_layers=5"], 17),
+    "s2_l10_compile": (f"{WAN}/train_stage2_sgf_81f.yaml", S2 + COMPILE + ["model.dims.num_layers=10"], 17),
+    "val_s05": (f"{WAN}/train_stage0p5_fm_81f.yaml", VALIDATE, 1),
+    "val_s1": (f"{WAN}/train_stage1_tf_anyflow_81f.yaml", S1 + VALIDATE, 1),
+}
+WARM = 2
+LIMIT = float(os.environ.get("BENCH_CASE_LIMIT", "420"))
+
+
+def _events(path: Path) -> list[dict]:
+    if not path.exists():
+        return []
+    return [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
+
+
+def _compile_log(log: str) -> dict:
+    lines = log.splitlines()
+    recompiles = [ln for ln in lines if "Recompiling function" in ln]
+    breaks = [ln for ln in lines if "Graph break" in ln]
+    reasons = [ln.strip()[:300] for ln in lines if "triggered by the following guard failure" in ln or
+               "- 0/" in ln or "Reason:" in ln]
+    return {"recompiles": len(recompiles), "graph_breaks": len(breaks),
+            "first_recompiles": [ln.strip()[:300] for ln in recompiles[:6]], "first_reasons": reasons[:8],
+            "first_breaks": [ln.strip()[:300] for ln in breaks[:6]]}
+
+
+def run(name: str) -> dict:
+    config, extra, want = CASES[name]
+    validating = name.startswith("val_")
+    sets = COMMON + extra
+    height, width = int(_value(sets, "data.height", "480")), int(_value(sets, "data.width", "864"))
+    data = _data(height, width)
+    out = WORK / "runs" / name
+    shutil.rmtree(out, ignore_errors=True)  # a case run again starts a new run directory
+    sets = sets + [f"data.root={data}", f"runtime.output_dir={out}"]
+    env = dict(os.environ)
+    if name.endswith("_before"):
+        base = Path(os.environ["BENCH_BASE"]).resolve()
+        env["PYTHONPATH"] = f"{base / 'trainer'}:{env.get('PYTHONPATH', '')}"  # its solar package first
+    if "runtime.compile=true" in extra:
+        env["TORCH_LOGS"] = "recompiles,graph_breaks"
+    args = [sys.executable, "-m", "solar", "train", "--config", str(REPO / config)]
+    for s in sets:
+        args += ["--set", s]
+    log_path = WORK / f"{name}.log"
+    started = time.time()
+    with open(log_path, "w") as log:
+        proc = subprocess.Popen(args, cwd=REPO, stdout=log, stderr=subprocess.STDOUT, start_new_session=True,
+                                env=env)
+        events_path = out / "events" / "rank-00000.jsonl"
+        steps, validations = [], []
+        while proc.poll() is None and time.time() - started < LIMIT:
+            events = _events(events_path)
+            steps = [e for e in events if e["event"] == "step"]
+            validations = [e for e in events if e["event"] == "validation"]
+            if (validations if validating else len(steps) >= want):
+                break
+            time.sleep(1)
+        if proc.poll() is None:
+            os.killpg(proc.pid, signal.SIGKILL)
+        proc.wait()
+    text = log_path.read_text()
+    rank_log = out / "logs" / "rank-00000.log"   # the trainer's own output (TORCH_LOGS included)
+    rank_text = rank_log.read_text(errors="replace") if rank_log.exists() else ""
+    result = {"case": name, "config": config, "sets": extra, "wall_seconds": round(time.time() - started, 1)}
+    if "runtime.compile=true" in extra:
+        result["compile"] = _compile_log(rank_text)
+        text = text + rank_text
+    if validating:
+        if not validations:
+            return {**result, "error": "no validation event", "log": text[-1500:]}
+        v = validations[0]
+        return {**result, "validation_seconds": round(v["seconds"], 2),
+                "validation": {k: v[k] for k in v if k not in ("event", "time")}}
+    if len(steps) < want:
+        return {**result, "error": f"{len(steps)} steps", "log": text[-1500:]}
+    seconds = [round(e["step_seconds"], 3) for e in steps]
+    steady = seconds[WARM:]
+    result.update(step_seconds=seconds, steady_median=round(statistics.median(steady), 3),
+                  peak_bytes=max(e["memory"].get("cuda_peak_bytes", 0) for e in steps),
+                  losses=[round(e["loss"], 5) for e in steps])
+    if name.startswith("s2_"):
+        critic = [s for e, s in zip(steps[WARM:], steady) if not e["student_updated"]]
+        both = [s for e, s in zip(steps[WARM:], steady) if e["student_updated"]][1:]
+        c = statistics.median(critic)
+        result.update(critic_update=round(c, 3), student_update=round(statistics.median(both) - c, 3),
+                      student_steps=[e["step"] for e in steps if e["student_updated"]])
+    return result
+
+
+def main() -> None:
+    WORK.mkdir(parents=True, exist_ok=True)
+    for name in sys.argv[1:]:
+        print(json.dumps(run(name)), flush=True)
+
+
+if __name__ == "__main__":
+    main()

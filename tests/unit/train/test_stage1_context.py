@@ -1,0 +1,97 @@
+"""Stage1 TF-AnyFlow with the clean half run once per prompt (``teacher_context``) gives the loss,
+the per-sample records and the gradients of every forward over the whole ``[clean | noisy]``
+sequence, on the tiny Wan config: guided (negative prompt), image condition kept and dropped, with
+cameras and the adaptive rescale."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from solar.config.resolve import resolve_file
+from solar.launch.batch import Batch
+from solar.models.registry import model_from_config
+from solar.train.stage1_step import anyflow_loss
+from tests.conftest import CONFIGS
+from tests.unit.models.wan_helpers import moving_cameras
+
+CONFIG = CONFIGS / "tiny" / "wan22_ti2v_5b" / "train_stage1_tf_anyflow_81f.yaml"
+B, FRAMES, H, W = 2, 9, 4, 6
+STEPS = (3, 4, 11)
+
+
+def _setup(*sets: str):
+    cfg = resolve_file(CONFIG, ["data.root=/data", "runtime.output_dir=/out", "checkpoint.path=null",
+                                "checkpoint.weights=null", *sets]).config
+    torch.manual_seed(0)
+    model = model_from_config(cfg, device="cpu")
+    d = model.cfg.dims
+    g = torch.Generator().manual_seed(11)
+    batch = Batch(latents=torch.randn(B, d.out_channels, FRAMES, H, W, generator=g),
+                  prompt=torch.randn(B, 5, d.text_dim, generator=g), prompt_mask=torch.ones(B, 5),
+                  cameras=moving_cameras(FRAMES, batch=B), image_condition=None,
+                  identities=[{"sample_id": f"s{i}", "start_frame": 0} for i in range(B)])
+    negative = torch.randn(5, d.text_dim, generator=g)
+    return cfg, model, batch, negative
+
+
+def _loss_and_grads(model, cfg, batch, negative, step, clean_context):
+    model.zero_grad(set_to_none=True)
+    calls = {"full": 0, "context": 0, "noisy": 0}
+    full, context = model.forward_teacher_forcing, model.teacher_context
+
+    def counting_full(*args, **kwargs):
+        calls["full" if kwargs.get("context") is None else "noisy"] += 1
+        return full(*args, **kwargs)
+
+    def counting_context(*args, **kwargs):
+        calls["context"] += 1
+        return context(*args, **kwargs)
+
+    model.forward_teacher_forcing, model.teacher_context = counting_full, counting_context
+    try:
+        loss, records = anyflow_loss(model, cfg, batch, step=step, dp_rank=0, dp_world=1, micro=0,
+                                     gather=lambda rows: rows, negative=negative, clean_context=clean_context)
+        loss.backward()
+    finally:
+        del model.forward_teacher_forcing, model.teacher_context
+    grads = {n: p.grad.clone() for n, p in model.named_parameters() if p.grad is not None}
+    return loss.detach(), records, grads, calls
+
+
+def test_the_steps_cover_kept_and_dropped_image_conditions():
+    from solar.objectives import fm
+
+    cfg, *_ = _setup("train.fm.image_condition_dropout=0.5")
+    drops = {fm.drop_decision(cfg.train.seed, step, 0, i, 0.5) for step in STEPS for i in range(B)}
+    assert drops == {True, False}
+
+
+@pytest.mark.parametrize("step", STEPS)
+def test_clean_context_gives_the_full_sequence_loss_and_gradients(step):
+    cfg, model, batch, negative = _setup("train.fm.image_condition_dropout=0.5")
+    assert (cfg.train.anyflow.guidance_scale or 1.0) != 1.0 and model.cfg.camera_transform is not None
+    ref_loss, ref_records, ref_grads, ref_calls = _loss_and_grads(model, cfg, batch, negative, step, False)
+    loss, records, grads, calls = _loss_and_grads(model, cfg, batch, negative, step, True)
+    assert ref_calls == {"full": 5, "context": 0, "noisy": 0}
+    # the negative prompt's context, then the prompt's: four forwards over the noisy half; the
+    # forward with grad over the whole sequence
+    assert calls == {"full": 1, "context": 2, "noisy": 4}
+    assert abs(loss.item() - ref_loss.item()) <= 1e-5 * max(1.0, abs(ref_loss.item()))
+    assert [{k: v for k, v in r.items() if k != "loss"} for r in records] == \
+        [{k: v for k, v in r.items() if k != "loss"} for r in ref_records]
+    assert all(abs(a["loss"] - b["loss"]) <= 1e-5 * max(1.0, abs(b["loss"])) for a, b in zip(records, ref_records))
+    assert grads.keys() == ref_grads.keys() and len(grads) > 0
+    for name, g in grads.items():
+        scale = max(1.0, ref_grads[name].abs().max().item())
+        assert (g - ref_grads[name]).abs().max().item() <= 1e-5 * scale, name
+
+
+def test_compiled_blocks_are_recognised():
+    """The step keeps the full-sequence forwards for compiled blocks (``parallelize.is_compiled``)."""
+    from solar.train.parallelize import apply_compile, is_compiled
+
+    _, model, _, _ = _setup()
+    assert not is_compiled(model)
+    apply_compile(model)   # nothing compiles until a block runs
+    assert is_compiled(model)
