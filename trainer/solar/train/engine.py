@@ -417,7 +417,9 @@ class Loop:
         cfg, d = self.resolved.config, self.dist
         max_steps, exit_after = cfg.train.max_steps, cfg.runtime.exit_after_step
         self.stop.install(self.resolved.config.runtime.stop_grace_seconds)
-        progress = Progress(d.rank == 0, max_steps, self.parts.start_step, cfg.runtime.log_every)
+        progress = Progress(d.rank == 0, max_steps, self.parts.start_step, cfg.runtime.log_every,
+                            tokens_per_clip=self.tokens_per_sample,
+                            flops_per_clip=self.flops_per_clip if self.peak_flops else 0.0, peak_flops=self.peak_flops, dp_world=d.dp_world, world=d.world)
         start = self.parts.start_step
         if self.validation_scheduled():
             self.prepare_validation()
@@ -448,17 +450,62 @@ class Loop:
 
 
 class Progress:
-    def __init__(self, enabled: bool, total: int, start: int, every: int) -> None:
+    """Rank 0's progress line, one per ``runtime.log_every`` steps and the last step::
+
+        solar: step 120/30000 loss 0.1234 grad 0.421 lr 2e-06 1.07s/step 7,949 tok/s mfu 41.2% mem 112.1GiB eta 8h51m
+
+    tok/s and mfu per GPU (every logical DP rank's clips of the step over the world size; MFU prices
+    a clip at one forward+backward, ``Loop.flops_per_clip``), mem the step's peak GPU memory
+    (``torch.cuda.max_memory_allocated``); mfu and mem only where they are known. The ETA comes
+    from the wall time between the recent steps (saves and validations inside the window count),
+    leaving out the launch's first ``warmup`` steps (compile, allocator warm-up) once later ones
+    exist."""
+
+    def __init__(self, enabled: bool, total: int, start: int, every: int, *, tokens_per_clip: int = 0,
+                 flops_per_clip: float = 0.0, peak_flops: float | None = None, dp_world: int = 1, world: int = 1,
+                 warmup: int = 2, window: int = 20) -> None:
+        import collections
+
         self.enabled, self.total, self.start, self.every = enabled, total, start, every
-        self.began = time.perf_counter()
+        self.tokens_per_clip, self.flops_per_clip, self.peak_flops = tokens_per_clip, flops_per_clip, peak_flops
+        self.dp_world, self.world, self.warmup = dp_world, world, warmup
+        self.began = self.last = time.perf_counter()
+        self.early: list[float] = []                               # the first ``warmup`` intervals
+        self.recent: collections.deque[float] = collections.deque(maxlen=window)
+
+    def seconds_per_step(self) -> float:
+        return sum(self.recent) / len(self.recent) if self.recent else sum(self.early) / max(len(self.early), 1)
 
     def show(self, event: dict) -> None:
+        now = time.perf_counter()
+        (self.early if len(self.early) < self.warmup else self.recent).append(now - self.last)
+        self.last = now
         step = event["step"]
         if not self.enabled or (step % self.every and step != self.total):
             return
-        done = step - self.start
-        rate = (time.perf_counter() - self.began) / max(done, 1)
-        eta = rate * (self.total - step)
-        sys.stderr.write(f"solar: step {step}/{self.total} loss {event['loss_mean']:.4f} grad {event['grad_norm']:.3g} "
-                         f"lr {event['lr']:.3g} {event['step_seconds']:.2f}s/step eta {eta:.0f}s\n")
+        seconds = event["step_seconds"]
+        parts = [f"solar: step {step}/{self.total} loss {event['loss_mean']:.4f} grad {event['grad_norm']:.3g} "
+                 f"lr {event['lr']:.3g} {seconds:.2f}s/step"]
+        clips = len(event.get("samples") or []) * self.dp_world
+        if clips and seconds > 0 and self.tokens_per_clip:
+            parts.append(f"{self.tokens_per_clip * clips / self.world / seconds:,.0f} tok/s")
+        if clips and seconds > 0 and self.peak_flops and self.flops_per_clip:
+            parts.append(f"mfu {100 * self.flops_per_clip * clips / self.world / seconds / self.peak_flops:.1f}%")
+        peak = (event.get("memory") or {}).get("cuda_peak_bytes")
+        if peak:
+            parts.append(f"mem {peak / 2**30:.1f}GiB")
+        parts.append(f"eta {duration(self.seconds_per_step() * (self.total - step))}")
+        sys.stderr.write(" ".join(parts) + "\n")
         sys.stderr.flush()
+
+
+def duration(seconds: float) -> str:
+    """``42s``, ``7m05s``, ``8h51m``, ``3d04h``."""
+    s = int(round(seconds))
+    if s < 60:
+        return f"{s}s"
+    if s < 3600:
+        return f"{s // 60}m{s % 60:02d}s"
+    if s < 86400:
+        return f"{s // 3600}h{s % 3600 // 60:02d}m"
+    return f"{s // 86400}d{s % 86400 // 3600:02d}h"
