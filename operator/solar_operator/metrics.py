@@ -29,7 +29,8 @@ STAGE_GPU_SECONDS = Counter("solar_stage_gpu_seconds_total", "GPU time of ended 
                             ["family", "stage", "action"], registry=REGISTRY)
 PHASES = ("Pending", "Running", "Succeeded", "Failed", "Suspended")
 # The trainer's error types (solar.train.launch); anything else is counted as "other" (bounded labels).
-ERROR_TYPES = ("non_finite", "oom", "sp_mismatch", "data", "checkpoint", "validation_setup", "error", "unknown", "other")
+ERROR_TYPES = ("non_finite", "oom", "sp_mismatch", "data", "checkpoint", "validation_setup", "storage_full",
+               "storage_error", "error", "unknown", "other")
 for _type in ERROR_TYPES:  # present from the start, so increase() sees the first failure
     STAGE_FAILURES.labels(error_type=_type)
 

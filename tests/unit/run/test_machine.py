@@ -142,6 +142,36 @@ def test_failed_jobs_retry_from_the_last_checkpoint_until_the_backoff_limit():
     assert "failed 2 times" in sim.status.stage("fm").message
 
 
+@pytest.mark.parametrize("error_type, reason", [("storage_full", "StorageFull"), ("storage_error", "StorageError")])
+def test_a_stage_that_met_a_full_or_failing_volume_fails_without_spending_its_retries(error_type, reason):
+    sim = Sim(_spec(backoffLimit=3))
+    sim.step()
+    message = "rank 0: checkpoint step 4: no space left on the volume of /runs/tiny-wan/fm/checkpoints (0 B free)"
+    sim.files["fm"] = StageFiles(exists=True, launched=True, result="failed", result_error=error_type,
+                                 result_message=message, latest=2, last_activity=T0)
+    sim.jobs["fm"] = JobState("tiny-wan-fm", "Failed", "exit code 1")
+    d = sim.step()
+    assert not d.actions  # no delete, no retry: the job is kept for inspection
+    assert d.job_failures == [("fm", error_type)]
+    assert sim.status.phase == "Failed" and sim.condition("Failed").reason == reason
+    assert "/runs/tiny-wan/fm/checkpoints" in sim.condition("Failed").message
+    assert "not retried" in sim.status.stage("fm").message
+
+
+def test_a_retry_passing_over_a_corrupt_newer_checkpoint_says_so():
+    sim = Sim(_spec(backoffLimit=2))
+    sim.step()
+    bad = "/runs/tiny-wan/fm/checkpoints/step_00000003: member model/live.safetensors has 10 bytes"
+    sim.files["fm"] = StageFiles(exists=True, launched=True, result="failed", result_error="error", latest=2,
+                                 skipped=(bad,), last_activity=T0)
+    sim.jobs["fm"] = JobState("tiny-wan-fm", "Failed", "exit code 1")
+    sim.step()
+    d = sim.step()
+    assert d.actions[0].resume_from == "/runs/tiny-wan/fm/checkpoints/step_00000002"
+    (warning,) = [e for e in d.events if e[1] == "CheckpointSkipped"]
+    assert warning[0] == "Warning" and bad in warning[2] and "step_00000002" in warning[2]
+
+
 def test_a_retry_waits_for_the_old_job_to_go_and_refuses_a_used_directory_without_checkpoint():
     sim = Sim()
     sim.step()

@@ -42,9 +42,31 @@ def test_final_checkpoint_problems_are_named(tmp_path):
     files = observe_stage(run, final_step=4, validation_step=None, generation=False)
     assert files.final == "unverifiable" and "member model/blob.bin has 10 bytes" in files.final_problems[0]
     assert files.latest == 2  # the newest checkpoint that verifies
+    assert len(files.skipped) == 1 and files.skipped[0].startswith(f"{final}: member model/blob.bin has 10 bytes")
     (final / "COMPLETE.json").unlink()
     files = observe_stage(run, final_step=4, validation_step=None, generation=False)
     assert files.final == "incomplete" and files.latest == 2
+
+
+def test_truncated_or_foreign_documents_are_named_not_taken_as_absent(tmp_path):
+    run = tmp_path / "fm"
+    _checkpoint(run, 4)
+    marker = run / "validation" / "step_00000004" / "COMPLETE.json"
+    marker.parent.mkdir(parents=True)
+    cases = [(b"", "is empty"), (b'{"status": "comp', "is not valid JSON (truncated?)"),
+             (b"[1, 2]", "is not a run-result.json document"), (b'{"schema": "x"}', "no status")]
+    for text, fragment in cases:
+        (run / "run-result.json").write_bytes(text)
+        marker.write_bytes(text)
+        files = observe_stage(run, final_step=4, validation_step=4, generation=False)
+        assert files.result is None and f"run-result.json {run / 'run-result.json'} " in files.result_problem
+        assert fragment in files.result_problem
+        assert not files.marker and f"COMPLETE.json {marker} " in files.marker_problem
+    (run / "run-result.json").unlink()
+    marker.unlink()
+    files = observe_stage(run, final_step=4, validation_step=4, generation=False)
+    assert files.result_problem is None and files.marker_problem is None  # absent is not corrupt
+    assert sorted(p.name for p in run.iterdir()) == ["checkpoints", "validation"]  # nothing deleted
 
 
 def test_generation_marker_for_inference_stages(tmp_path):

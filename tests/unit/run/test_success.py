@@ -33,6 +33,11 @@ GOOD = dict(exists=True, launched=True, result="complete", latest=4, final="veri
     (INFER, {**GOOD, "marker": False}, "ValidationIncomplete", "the generation has no COMPLETE.json"),
     (TRAIN, {**GOOD, "result": "failed", "final": "missing"}, "ResultIncomplete", None),  # the first rule broken
     (TRAIN, {"exists": False}, "StageDirectoryMissing", "/runs/x/fm is not visible"),
+    (TRAIN, {**GOOD, "result": None, "result_problem": "run-result.json /runs/x/fm/run-result.json is empty"},
+     "EvidenceInvalid", "run-result.json /runs/x/fm/run-result.json is empty; nothing was deleted"),
+    (TRAIN, {**GOOD, "marker": False, "marker_problem": "COMPLETE.json /v/COMPLETE.json is not valid JSON"},
+     "EvidenceInvalid", "/v/COMPLETE.json is not valid JSON"),
+    (TRAIN_NO_VAL, {**GOOD, "marker": False, "marker_problem": "COMPLETE.json x is empty"}, None, None),
 ])
 def test_completion_rules(plan, files, reason, fragment):
     problem = completion_problem(plan, StageFiles(**files))

@@ -22,7 +22,7 @@ from solar.diagnose.evidence import Evidence, Line, OutputState, Rank
 STALE_SECONDS = float(os.environ.get("SOLAR_DIAGNOSE_STALE_SECONDS", "300"))
 ERROR_KINDS = {"non_finite": "non_finite", "oom": "oom", "sp_mismatch": "sp_mismatch", "shape": "shape",
                "data": "data", "checkpoint": "checkpoint_load", "validation_setup": "validation_setup",
-               "collective_timeout": "hang"}
+               "collective_timeout": "hang", "storage_full": "storage_full", "storage_error": "storage_error"}
 
 
 @dataclass
@@ -170,7 +170,8 @@ def _failure(ev: Evidence, errors: list[tuple[Rank, int | None, dict]]) -> Diagn
     titles = {"oom": "out of memory", "sp_mismatch": "SP peers read different inputs", "shape": "a shape mismatch",
               "data": "a data error", "checkpoint_load": "a checkpoint that does not load",
               "validation_setup": "validation could not be set up", "hang": "a collective timed out",
-              "non_finite": "a non-finite value", "error": "an error"}
+              "non_finite": "a non-finite value", "error": "an error", "storage_full": "a full volume",
+              "storage_error": "a failing volume"}
     summary = f"{titles[kind]}{where}{at}: {_clip(message)}"
     return Diagnosis("failed", kind, summary, first, details, evidence)
 
@@ -269,6 +270,11 @@ def _context(ev: Evidence, kind: str, r: Rank | None) -> list[str]:
         bad = [c for c in ev.checkpoints if not c.get("valid")]
         for c in bad[:3]:
             out.append(f"checkpoint {c['path']} does not verify (`solar checkpoint verify` lists its problems)")
+    elif kind in ("storage_full", "storage_error"):
+        good = [c["step"] for c in ev.checkpoints if c.get("valid")]
+        out.append(f"the run directory's volume {'is full' if kind == 'storage_full' else 'failed'}; the partial "
+                   "checkpoint was removed and every earlier checkpoint is intact"
+                   + (f" (newest verified: step {max(good)}; resume from it once the volume is fixed)" if good else ""))
     elif kind == "sp_mismatch":
         out.append("SP peers must read the same sample, start frame and bytes: check the data plan ownership "
                    "(logical DP rank), shuffling seeds and per-rank RNG")

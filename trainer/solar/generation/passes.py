@@ -34,6 +34,7 @@ from solar.generation import video
 from solar.generation.generate import sample
 from solar.launch import precision
 from solar.launch.batch import Batch, collate
+from solar.storage import space
 from solar.storage.atomic import fsync_dir, write_create_only
 
 # The decoded ground truth of a slot is the same in every pass and at every validation step of a
@@ -57,8 +58,9 @@ class Generation:
     audio_silence: torch.Tensor | None
     sharded: bool = False
     log: Callable[[str], None] = lambda _: None
-    fault: object = None  # solar.train.faults.Fault (kill_validation drills)
+    fault: object = None  # solar.train.faults.Fault (kill_validation and enospc_validation drills)
     truths: dict = field(default_factory=dict)  # (input digest, decoded latents) -> uint8 frames
+    storage_problem: tuple[str, str] | None = None  # (message, storage_full | storage_error) of a failed write
 
     def truth_frames(self, batch: Batch, shown: int) -> torch.Tensor:
         """The slot's ground truth as uint8 frames [F, H, W, 3], decoded once per launch while the
@@ -126,6 +128,11 @@ class Generation:
                 truth = self.truth_frames(batch, shown)
                 made = video.to_uint8(self.codec.decode(latents[:, :, :shown])[0])
                 video.write_mp4(partial / "generated.mp4", made, fps)
+                if self.fault is not None and step is not None and \
+                        self.fault.fires("enospc_validation", step, self.dist.rank):
+                    import errno
+
+                    raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC), str(partial / "compare.mp4"))
                 video.write_mp4(partial / "compare.mp4", video.side_by_side(truth, made), fps)
                 for name in ("generated.mp4", "compare.mp4"):
                     data = (partial / name).read_bytes()
@@ -134,6 +141,8 @@ class Generation:
                 manifest["frames"] = int(made.shape[0])
                 manifest["rollout_latents"] = int(latents.shape[2])
         except Exception as exc:  # noqa: BLE001 - the slot's terminal state records it
+            if self._storage_failed(exc, p, slot, pass_dir, partial if writer else None):
+                return None
             if self.sharded and batch is not None and not isinstance(batch, str):
                 raise
             manifest.update(status="error", error=f"{type(exc).__name__}: {exc}" if not isinstance(exc, ValueError)
@@ -141,16 +150,38 @@ class Generation:
             self.log(f"solar: validation slot {slot.slot} ({slot.sample_id}) failed: {manifest['error']}")
         if not writer:
             return None
-        for leftover in ("generated.mp4", "compare.mp4"):
-            if manifest["status"] == "error" and (partial / leftover).exists():
-                (partial / leftover).unlink()
-        write_create_only(partial / "manifest.json", pretty_bytes(manifest), what="slot manifest")
-        fsync_dir(partial)
-        os.rename(partial, final)
-        fsync_dir(pass_dir)
+        try:
+            for leftover in ("generated.mp4", "compare.mp4"):
+                if manifest["status"] == "error" and (partial / leftover).exists():
+                    (partial / leftover).unlink()
+            write_create_only(partial / "manifest.json", pretty_bytes(manifest), what="slot manifest")
+            fsync_dir(partial)
+            os.rename(partial, final)
+            fsync_dir(pass_dir)
+        except OSError as exc:
+            if self._storage_failed(exc, p, slot, pass_dir, partial):
+                return None
+            raise
         if self.fault is not None and step is not None and self.fault.fires("kill_validation", step, self.dist.rank):
             os.kill(os.getpid(), signal.SIGKILL)
         return manifest
+
+    def _storage_failed(self, exc: BaseException, p, slot: Slot, pass_dir: Path, partial: Path | None) -> bool:
+        """A write that met a full or failing volume is no slot error: it is kept for ``_agree`` (every
+        rank then fails with it) and the slot's partial directory is removed."""
+        kind = space.storage_class(exc)
+        if kind is None:
+            return False
+        what = f"validation slot {slot.slot} of pass {p.name}"
+        self.storage_problem = (space.message(kind, what, exc, pass_dir) + " (its partial slot was removed)", kind)
+        if partial is not None:
+            shutil.rmtree(partial, ignore_errors=True)
+        return True
+
+    def _agree(self) -> None:
+        """After each round of slots: any rank's storage failure ends validation on every rank."""
+        problem = self.storage_problem
+        self.dist.exchange_error(problem[0] if problem else None, problem[1] if problem else "error")
 
     def run(self, root: Path, passes: list, weights_for: Callable, step: int | None) -> dict:
         """Every pass (``weights_for(pass)`` -> (context manager, resolved role) or None to skip)."""
@@ -174,12 +205,13 @@ class Generation:
                     if slot is None:
                         if self.sharded:
                             self._dummy(self._dummy_batch(), p)
-                        continue
-                    started = time.perf_counter()
-                    m = self._slot(pass_dir, p, role, slot, step, writer=d.sp_rank == 0)
-                    if m is not None and m["status"] == "ok":
-                        self.log(f"solar: {p.name} slot {slot.slot + 1}/{len(self.slots)} ({slot.sample_id}) "
-                                 f"{time.perf_counter() - started:.1f}s")
+                    else:
+                        started = time.perf_counter()
+                        m = self._slot(pass_dir, p, role, slot, step, writer=d.sp_rank == 0)
+                        if m is not None and m["status"] == "ok":
+                            self.log(f"solar: {p.name} slot {slot.slot + 1}/{len(self.slots)} ({slot.sample_id}) "
+                                     f"{time.perf_counter() - started:.1f}s")
+                    self._agree()
             d.barrier(f"validation-pass-{p.name}")
             done_passes.append(p.name)
             if d.rank == 0:

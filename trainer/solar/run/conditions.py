@@ -56,18 +56,25 @@ CHECKPOINT_INCOMPLETE = Reason("CheckpointIncomplete", "stage {stage}: the final
                                                        "{problems}")
 CHECKPOINT_UNVERIFIABLE = Reason("CheckpointUnverifiable", "stage {stage}: the final checkpoint {path} does not "
                                                            "verify: {problems}")
+EVIDENCE_INVALID = Reason("EvidenceInvalid", "stage {stage}: {problem}; nothing was deleted")
 VALIDATION_INCOMPLETE = Reason("ValidationIncomplete", "stage {stage}: {where} has no COMPLETE.json")
 
 # Failure (failure.py, progress_deadline.py, resume.py)
 JOB_FAILED = Reason("JobFailed", "stage {stage} attempt {attempt} failed: {detail}")
 BACKOFF_LIMIT_EXCEEDED = Reason("BackoffLimitExceeded", "stage {stage} failed {failures} times (backoffLimit "
                                                         "{limit}): {detail}")
+STORAGE_FULL = Reason("StorageFull", "stage {stage} attempt {attempt} failed on a full volume, not retried (a retry "
+                                    "would fill it again): {detail}")
+STORAGE_ERROR = Reason("StorageError", "stage {stage} attempt {attempt} failed on a failing volume, not retried: "
+                                      "{detail}")
 PROGRESS_DEADLINE_EXCEEDED = Reason("ProgressDeadlineExceeded", "stage {stage}: no checkpoint, heartbeat or event for "
                                                                 "{idle}s (progressDeadlineSeconds {limit}); its job was "
                                                                 "deleted")
 NOTHING_TO_RESUME = Reason("NothingToResume", "stage {stage}: attempt {attempt} left a run directory without a "
                                               "verified checkpoint; a restart would not continue it (delete {dir} "
                                               "to start the stage over)")
+CHECKPOINT_SKIPPED = Reason("CheckpointSkipped", "stage {stage}: attempt {attempt} resumes from {path}, passing over "
+                                                "newer checkpoints that do not verify (kept, not deleted): {skipped}")
 JOB_REJECTED = Reason("JobRejected", "stage {stage}: the API server rejected job {job}: {detail}")
 JOB_NAME_TAKEN = Reason("JobNameTaken", "stage {stage}: {detail}")
 

@@ -18,8 +18,13 @@ class Verdict:
     detail: str            # what failed, for the condition message and the event
 
 
+# A full or failing volume (run-result error_type): a retry would meet the same volume and, for a
+# full one, fill it again; the stage fails at once, its retries unspent.
+NOT_RETRIED = ("storage_full", "storage_error")
+
+
 def on_job_failed(*, failures: int, backoff_limit: int, job_message: str = "",
-                  result_message: str | None = None) -> Verdict:
+                  result_message: str | None = None, result_error: str | None = None) -> Verdict:
     detail = "; ".join(dict.fromkeys(m for m in (job_message, result_message) if m)) or "no message"
     failures += 1
-    return Verdict(failures <= backoff_limit, failures, detail)
+    return Verdict(failures <= backoff_limit and result_error not in NOT_RETRIED, failures, detail)

@@ -15,7 +15,8 @@ messages in ``conditions``. Stages run in order; the current stage is the first 
     job Succeeded                              -> stage Succeeded if success.py agrees, else Failed
                                                   with its reason; then the next stage at once
     job Failed                                 -> failure.py: delete and retry, or
-                                                  BackoffLimitExceeded (the job is kept)
+                                                  BackoffLimitExceeded (the job is kept);
+                                                  StorageFull/StorageError at once (run-result's class)
     job created/pending/running/restarting     -> Pending|Running; progress_deadline.py may fail it
                                                   (ProgressDeadlineExceeded, job deleted)
     every stage Succeeded                      -> Succeeded, Ready=True
@@ -264,6 +265,9 @@ def _start(r: _Run, st: StageStatus, p: StagePlan, files: StageFiles) -> None:
     message = C.STAGE_STARTED.message(stage=st.name, attempt=attempt, how=start.how, job=name)
     r.condition(C.PROGRESSING, "True", C.STAGE_STARTED, message)
     r.event("Normal", C.STAGE_STARTED, message)
+    if start.resume_from and files.skipped:
+        r.event("Warning", C.CHECKPOINT_SKIPPED, C.CHECKPOINT_SKIPPED.message(
+            stage=st.name, attempt=attempt, path=start.resume_from, skipped="; ".join(files.skipped)))
 
 
 def _note_checkpoint(r: _Run, st: StageStatus, p: StagePlan, step: int | None) -> None:
@@ -286,10 +290,14 @@ def _adopt(r: _Run, st: StageStatus, job: JobState) -> None:
 def _job_failed(r: _Run, spec: SolarRunSpec, st: StageStatus, job: JobState, files: StageFiles) -> None:
     limit = spec.runPolicy.backoffLimit
     verdict = failure.on_job_failed(failures=st.failures, backoff_limit=limit, job_message=job.message,
-                                    result_message=files.result_message)
+                                    result_message=files.result_message, result_error=files.result_error)
     verdict = dataclasses.replace(verdict, detail=r.explained(st.name, verdict.detail))
     st.failures = verdict.failures
     r.decision.job_failures.append((st.name, files.result_error or "unknown"))
+    if files.result_error in failure.NOT_RETRIED:
+        reason = C.STORAGE_FULL if files.result_error == "storage_full" else C.STORAGE_ERROR
+        r.fail(st, reason, reason.message(stage=st.name, attempt=st.attempt, detail=verdict.detail))
+        return
     if not verdict.retry:
         r.fail(st, C.BACKOFF_LIMIT_EXCEEDED, C.BACKOFF_LIMIT_EXCEEDED.message(
             stage=st.name, failures=verdict.failures, limit=limit, detail=verdict.detail))

@@ -30,6 +30,28 @@ class StageFiles:
     marker_status: str | None = None        # its status (complete | partial)
     last_activity: float | None = None      # newest mtime of heartbeats, events, checkpoints (epoch seconds)
     usage: dict | None = None               # run-result.json usage: GPU time of every launch so far
+    result_problem: str | None = None       # run-result.json exists but cannot be read as one (names the file)
+    marker_problem: str | None = None       # the expected COMPLETE.json exists but cannot be read as one
+    skipped: tuple[str, ...] = ()           # newer checkpoints that do not verify ("<path>: <problem>")
+
+
+def _document(path: Path, what: str) -> tuple[dict | None, str | None]:
+    """(the JSON object at ``path``, None), (None, None) when there is no file, or (None, the problem:
+    the file and what is wrong with it) when it is truncated, not JSON or not a JSON object."""
+    try:
+        text = path.read_bytes()
+    except FileNotFoundError:
+        return None, None
+    except OSError as exc:
+        return None, f"{what} {path} cannot be read: {exc.strerror or exc}"
+    try:
+        doc = json.loads(text)
+    except ValueError as exc:
+        how = "is empty" if not text.strip() else f"is not valid JSON (truncated?): {exc}"
+        return None, f"{what} {path} {how}"
+    if not isinstance(doc, dict) or not isinstance(doc.get("status"), str):
+        return None, f"{what} {path} is not a {what} document (no status)"
+    return doc, None
 
 
 def _mtime(paths) -> float | None:
@@ -58,30 +80,27 @@ def observe_stage(stage_dir: str | Path, *, final_step: int | None, validation_s
     if not root.is_dir():
         return StageFiles(exists=False)
     result = message = error = usage = None
-    try:
-        doc = json.loads((root / "run-result.json").read_text())
+    doc, result_problem = _document(root / "run-result.json", "run-result.json")
+    if doc is not None:
         result, message, error = doc.get("status"), doc.get("message"), doc.get("error_type")
         usage = doc.get("usage") if isinstance(doc.get("usage"), dict) else None
-    except (OSError, ValueError):
-        pass
-    latest = ckpt.latest_valid(root)
+    latest, skipped = ckpt.newest_valid(root)
     final, problems = _final(root, final_step) if final_step is not None else (None, ())
     marker_path = None
     if validation_step is not None:
         marker_path = root / "validation" / f"step_{validation_step:08d}" / "COMPLETE.json"
     elif generation:
         marker_path = root / "generation" / "COMPLETE.json"
-    marker, marker_status = False, None
+    marker, marker_status, marker_problem = False, None, None
     if marker_path is not None:
-        try:
-            doc = json.loads(marker_path.read_text())
-            marker, marker_status = True, doc.get("status", "complete")
-        except (OSError, ValueError):
-            pass
+        doc, marker_problem = _document(marker_path, "COMPLETE.json")
+        if doc is not None:
+            marker, marker_status = True, doc["status"]
     activity = _mtime(list((root / "heartbeat").glob("*.json")) + list((root / "events").glob("*.jsonl"))
                       + list((root / "checkpoints").glob("step_*")) + [root / "run-result.json"])
     return StageFiles(True, (root / "launch-manifest.json").is_file(), result, message, error,
-                      latest["step"] if latest else None, final, problems, marker, marker_status, activity, usage)
+                      latest["step"] if latest else None, final, problems, marker, marker_status, activity, usage,
+                      result_problem, marker_problem, tuple(skipped))
 
 
 class LazyStageFiles(Mapping[str, StageFiles]):

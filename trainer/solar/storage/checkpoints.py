@@ -58,6 +58,18 @@ def _fsync_tree(path: Path) -> None:
         fsync_dir(dirpath)
 
 
+def remove_partial(partial: Path) -> bool:
+    """Remove a partial checkpoint directory of this run (only a name ``begin`` makes, never a
+    checkpoint); True when something was removed."""
+    partial = Path(partial)
+    if not PARTIAL_DIR.match(partial.name) or not partial.is_dir():
+        return False
+    import shutil
+
+    shutil.rmtree(partial, ignore_errors=True)
+    return not partial.exists()
+
+
 def commit(partial: Path, *, step: int, contract: dict, roles: dict, trainer_state: dict) -> Path:
     """Write manifest + COMPLETE, fsync everything, rename into place. Returns the final path."""
     files = []
@@ -184,15 +196,24 @@ def list_checkpoints(run_dir: str | os.PathLike[str]) -> list[dict]:
 def latest_valid(run_dir: str | os.PathLike[str]) -> dict | None:
     """The newest checkpoint that verifies, {step, path, complete, valid}; verified newest first and
     only as far back as needed (the operator asks this of every active stage on every poll)."""
+    return newest_valid(run_dir)[0]
+
+
+def newest_valid(run_dir: str | os.PathLike[str]) -> tuple[dict | None, list[str]]:
+    """``latest_valid``'s answer and the newer checkpoint directories it passed over because they do
+    not verify, as ``"<path>: <first problem>"`` (newest first)."""
     root = Path(run_dir) / "checkpoints"
     if not root.is_dir():
-        return None
+        return None, []
     steps = sorted(((int(m.group(1)), entry) for entry in root.iterdir()
                     if (m := STEP_DIR.match(entry.name)) and entry.is_dir()), reverse=True)
+    skipped = []
     for step, entry in steps:
-        if verify(entry)["valid"]:
-            return {"step": step, "path": str(entry), "complete": True, "valid": True}
-    return None
+        report = verify(entry)
+        if report["valid"]:
+            return {"step": step, "path": str(entry), "complete": True, "valid": True}, skipped
+        skipped.append(f"{entry}: {(report['problems'] or ['does not verify'])[0]}")
+    return None, skipped
 
 
 def read_manifest(path: str | os.PathLike[str]) -> dict:

@@ -63,6 +63,19 @@ class Capture:
     roles: list[RoleCapture]          # rank 0 only; empty on the other ranks
     trainer_state: dict               # the manifest's trainer_state
     files: dict[str, bytes] = field(default_factory=dict)  # relative path -> bytes (this rank's)
+    inject: OSError | None = None     # a drill's storage fault (train/faults.py), raised after the first member
+
+    def size(self) -> int:
+        """The bytes this rank will write (every tensor and file; the headers are not counted)."""
+        def walk(value) -> int:
+            if isinstance(value, torch.Tensor):
+                return value.numel() * value.element_size()
+            if isinstance(value, dict):
+                return sum(walk(v) for v in value.values())
+            if isinstance(value, (list, tuple)):
+                return sum(walk(v) for v in value)
+            return 0
+        return sum(walk(rc.snap) for rc in self.roles) + sum(len(data) for data in self.files.values())
 
 
 def write(capture: Capture) -> dict[str, dict]:
@@ -71,9 +84,25 @@ def write(capture: Capture) -> dict[str, dict]:
     for rc in capture.roles:
         roles[rc.role] = {"weights": rc.weights,
                           "members": io.save_role(capture.partial, rc.role, rc.snap, rc.names)}
+        if capture.inject is not None:
+            raise capture.inject
     for rel, data in capture.files.items():
         io.write_bytes(capture.partial / rel, data)
+        if capture.inject is not None:
+            raise capture.inject
     return roles
+
+
+def failure(capture: Capture, exc: BaseException) -> tuple[str, str]:
+    """(message, error_type) of a failed write: storage_full / storage_error naming the path and
+    the fix, else ``checkpoint``."""
+    from solar.storage import space
+
+    what = f"checkpoint step {capture.step}"
+    kind = space.storage_class(exc)
+    if kind is not None:
+        return space.message(kind, what, exc, capture.partial.parent) + " (the partial checkpoint was removed)", kind
+    return f"{what}: writing {capture.partial} failed: {type(exc).__name__}: {exc}", "checkpoint"
 
 
 class BackgroundWrite:
@@ -83,6 +112,7 @@ class BackgroundWrite:
         self.capture, self.started, self.blocking = capture, started, blocking
         self.roles: dict[str, dict] = {}
         self.error: str | None = None
+        self.error_type = "checkpoint"
         self.thread = threading.Thread(target=self._run, name=f"solar-checkpoint-{capture.step}", daemon=True)
         self.thread.start()
 
@@ -90,8 +120,7 @@ class BackgroundWrite:
         try:
             self.roles = write(self.capture)
         except BaseException as exc:  # noqa: BLE001 - reported on the training thread by finish()
-            self.error = (f"checkpoint step {self.capture.step}: writing {self.capture.partial} failed: "
-                          f"{type(exc).__name__}: {exc}")
+            self.error, self.error_type = failure(self.capture, exc)
 
     def done(self) -> bool:
         return not self.thread.is_alive()

@@ -27,8 +27,10 @@ from solar.launch.batch import collate
 from solar.launch.distributed import CollectiveFailure, Dist
 from solar.launch.errors import describe, error_type_of
 from solar.storage import checkpoints as ckpt
+from solar.storage import space
 from solar.storage.run_dir import EventLog, Heartbeat
 from solar.train import checkpoint_io as io
+from solar.train import faults
 from solar.train.faults import Fault
 from solar.train.gradients import sync_and_clip
 from solar.train.metrics import observe_step
@@ -284,12 +286,35 @@ class Loop:
         else:
             capture = self._capture_model(partial, step, staging)
         capture.files.update(io.rank_state_files(d.rank, data_state=p.stream.state_dict()))
+        if self.fault is not None:
+            capture.inject = faults.storage_error(self.fault, step, d.rank, partial)
+        # A volume that cannot hold the checkpoint ends the run now, naming the bytes, instead of
+        # writing until it is full.
+        short = space.shortfall(partial.parent, capture.size(), f"checkpoint step {step}")
+        self._agree_on_write(short, space.FULL, partial)
         if staging is not None:
             staging.ready()
             self.pending_save = cs.BackgroundWrite(capture, started=started,
                                                    blocking=time.perf_counter() - started)
             return None
-        return self._commit(capture, cs.write(capture), started, blocking=None)
+        roles, problem = {}, None
+        try:
+            roles = cs.write(capture)
+        except OSError as exc:
+            problem = cs.failure(capture, exc)
+        self._agree_on_write(*(problem or (None, "checkpoint")), partial)
+        return self._commit(capture, roles, started, blocking=None)
+
+    def _agree_on_write(self, problem: str | None, error_type: str, partial: Path) -> None:
+        """Every rank learns any rank's failed checkpoint write and fails with it (its class:
+        storage_full / storage_error / checkpoint); rank 0 first removes the partial directory, which
+        is this launch's own and incomplete, so a full volume is not left fuller."""
+        try:
+            self.dist.exchange_error(problem, error_type)
+        except CollectiveFailure:
+            if self.dist.rank == 0:
+                ckpt.remove_partial(partial)
+            raise
 
     def poll_save(self) -> None:
         """Commit a background save once every rank has written its part (one flag exchange per step
@@ -304,16 +329,25 @@ class Loop:
         if pending is None:
             return
         pending.wait()
-        self.dist.exchange_error(pending.error, "checkpoint")
+        self._agree_on_write(pending.error, pending.error_type, pending.capture.partial)
         self._commit(pending.capture, pending.roles, pending.started, blocking=pending.blocking)
 
     def _commit(self, capture, roles: dict, started: float, *, blocking: float | None) -> Path:
         d, step = self.dist, capture.step
         d.barrier("checkpoint-written")
-        final = None
+        final, problem = None, None
         if d.rank == 0:
-            final = ckpt.commit(capture.partial, step=step, contract=contract_of(self.resolved), roles=roles,
-                                trainer_state=capture.trainer_state)
+            try:
+                if self.fault is not None and self.fault.fires("enospc_commit", step, d.rank):
+                    raise faults.storage_error(faults.Fault("enospc", step, d.rank), step, d.rank,
+                                               capture.partial / "manifest.json")
+                final = ckpt.commit(capture.partial, step=step, contract=contract_of(self.resolved), roles=roles,
+                                    trainer_state=capture.trainer_state)
+            except OSError as exc:
+                from solar.train import checkpoint_save as cs
+
+                problem = cs.failure(capture, exc)
+        self._agree_on_write(*(problem or (None, "checkpoint")), capture.partial)
         final = Path(d.all_gather_object(str(final), "checkpoint-commit")[0])
         seconds = time.perf_counter() - started
         timing = {"seconds": seconds} if blocking is None else {"seconds": seconds, "blocking_seconds": blocking}

@@ -10,6 +10,10 @@ classifies:
 - ``hang``        the rank stops entering collectives (sleeps) -> peers time out in a collective
 - ``raise``, ``exit``  an exception / ``os._exit(17)`` on that rank
 - ``kill_validation``  SIGKILL right after the first validation slot of step N is written
+- ``enospc``, ``eio``  the rank's checkpoint write at step N fails with that OSError after its first
+  member (what a full or failing volume raises), leaving a partial directory as a real one would
+- ``enospc_commit``  rank 0's commit of the checkpoint at step N (manifest, COMPLETE.json) fails with ENOSPC
+- ``enospc_validation``  the rank's first validation slot write at step N fails with ENOSPC
 """
 
 from __future__ import annotations
@@ -18,7 +22,8 @@ import os
 import sys
 from dataclasses import dataclass
 
-KINDS = ("nan_batch", "oom", "shape", "sp_mismatch", "hang", "raise", "exit", "kill_validation")
+KINDS = ("nan_batch", "oom", "shape", "sp_mismatch", "hang", "raise", "exit", "kill_validation", "enospc", "eio",
+         "enospc_commit", "enospc_validation")
 
 
 @dataclass(frozen=True)
@@ -44,3 +49,13 @@ def from_environment(environ=os.environ) -> Fault | None:
     if kind not in KINDS or "step" not in fields:
         raise ValueError(f"SOLAR_INJECT_FAULT={text!r}: expected KIND:step=N[:rank=R] with KIND in {KINDS}")
     return Fault(kind, int(fields["step"]), int(fields["rank"]) if "rank" in fields else None)
+
+
+def storage_error(fault: Fault, step: int, rank: int, where) -> OSError | None:
+    """The OSError a drilled checkpoint write at ``step`` raises on ``rank`` (None when it does not)."""
+    import errno
+
+    for kind, code in (("enospc", errno.ENOSPC), ("eio", errno.EIO)):
+        if fault.fires(kind, step, rank):
+            return OSError(code, os.strerror(code), str(where))
+    return None
