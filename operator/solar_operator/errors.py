@@ -35,12 +35,29 @@ def _message(exc) -> str:
         return str(getattr(exc, "reason", exc))
 
 
+RETRY_DELAY, MAX_RETRY_DELAY = 5.0, 60.0
+
+
+def retry_after(exc) -> float | None:
+    """The server's Retry-After in seconds (429 and 503 send it), when it is a number."""
+    headers = getattr(exc, "headers", None) or {}
+    value = next((v for k, v in dict(headers).items() if str(k).lower() == "retry-after"), None)
+    try:
+        return float(value) if value is not None else None
+    except (TypeError, ValueError):
+        return None  # an HTTP date: the fixed delay instead
+
+
 def translate(exc, what: str) -> kopf.TemporaryError | kopf.PermanentError:
-    """An ``ApiException`` (or a connection error) while doing ``what`` -> the error to raise."""
+    """An ``ApiException`` (or a connection error) while doing ``what`` -> the error to raise. kopf
+    re-runs the handler after ``delay``: the server's Retry-After when it sends one (capped at a
+    minute), else a few seconds."""
     status = getattr(exc, "status", None)
     text = f"{what}: {_message(exc)}" if status else f"{what}: {exc}"
     if status in (400, 422):
         return Rejected(text)
     if status in (401, 403):
-        return Forbidden(text, delay=60)
-    return ApiUnavailable(text, delay=5)
+        return Forbidden(text, delay=MAX_RETRY_DELAY)
+    wait = retry_after(exc)
+    delay = RETRY_DELAY if wait is None else min(max(wait, 1.0), MAX_RETRY_DELAY)
+    return ApiUnavailable(text, delay=delay)

@@ -9,8 +9,13 @@ can be started, stopped and started again in one process with fresh handlers (te
 - any change of a PyTorchJob labelled with a run              -> reconcile that run (a finished job
                                                                   starts the next stage at once)
 - every SolarRun watch event                                   -> the metrics' view of current runs
-- SolarRun deleted                                             -> forget its lock and plan (its jobs
-                                                                  go with it: owner references)
+- SolarRun deleted                                             -> forget its plan and unposted Events
+                                                                  (its jobs go with it: owner references)
+
+The liveness probe is async: it answers from the event loop at once, never queued behind
+reconciles in kopf's thread pool (``workers`` threads), and says only that the process and its
+loop work. On SIGTERM kopf stops; whatever is still running after ``EXIT_SECONDS`` is killed
+(every write is one API call, so nothing is half-written; the next start resumes from the status).
 """
 
 from __future__ import annotations
@@ -25,10 +30,16 @@ from solar_operator.jobs import RUN_LABEL
 from solar_operator.kube import JOB_GROUP, JOB_PLURAL, JOB_VERSION
 
 FINISHED = ("Succeeded", "Failed")
+EXIT_SECONDS = 4.5   # SIGTERM to exit, at most (kopf's ultimate exiting timeout)
+WORKERS = 8          # kopf's handler threads (--workers, SOLAR_OPERATOR_WORKERS)
 
 
-def _active(status, **_) -> bool:
-    return (status or {}).get("phase") not in FINISHED
+def _active(status, namespace: str, name: str, memo: kopf.Memo, **_) -> bool:
+    """Polled while the run is not finished, or while Events of it wait for another try."""
+    if (status or {}).get("phase") not in FINISHED:
+        return True
+    runs = getattr(memo, "runs", None)
+    return runs is not None and runs.pending_events(namespace, name) > 0
 
 
 def configure(settings: kopf.OperatorSettings) -> None:
@@ -41,10 +52,16 @@ def configure(settings: kopf.OperatorSettings) -> None:
     settings.posting.level = logging.WARNING
 
 
-def register(registry: kopf.OperatorRegistry, *, poll_seconds: float = 10.0) -> None:
+def register(registry: kopf.OperatorRegistry, *, poll_seconds: float = 10.0, workers: int = WORKERS,
+             exit_seconds: float | None = None) -> None:
+    """``exit_seconds``: the SIGTERM-to-exit bound (``solar-operator`` passes ``EXIT_SECONDS``; an
+    operator embedded in another process, as in the tests, leaves kopf's setting alone)."""
     @kopf.on.startup(id="solar-settings", registry=registry)
     def startup(settings: kopf.OperatorSettings, **_) -> None:
         configure(settings)
+        settings.execution.max_workers = workers
+        if exit_seconds is not None:
+            settings.process.ultimate_exiting_timeout = exit_seconds
         metrics.RUNS.clear()  # a restarted operator in the same process re-learns runs from its watch
 
     @kopf.on.create(GROUP, VERSION, PLURAL, id="run-created", registry=registry)
@@ -77,5 +94,5 @@ def register(registry: kopf.OperatorRegistry, *, poll_seconds: float = 10.0) -> 
         memo.runs.reconcile(namespace, labels[RUN_LABEL], "job")
 
     @kopf.on.probe(id="runs", registry=registry)
-    def runs_known(**_) -> int:
+    async def runs_known(**_) -> int:  # async: answered by the event loop, not queued in the thread pool
         return len(metrics.RUNS)

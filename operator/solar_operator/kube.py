@@ -111,7 +111,8 @@ class Kube:
 
     # -- Events ---------------------------------------------------------------------------------
     def post_event(self, run: dict, kind: str, reason: str, message: str) -> None:
-        """A core/v1 Event on the SolarRun (best effort: a lost event never fails a reconcile)."""
+        """A core/v1 Event on the SolarRun; ``errors.ApiUnavailable`` when the server refuses or does
+        not answer (the reconciler keeps it for a later try; an Event never fails a reconcile)."""
         from kubernetes import client
 
         meta = run["metadata"]
@@ -124,7 +125,15 @@ class Kube:
             "reason": reason, "message": message[:1024], "type": kind, "count": 1,
             "firstTimestamp": now, "lastTimestamp": now, "source": {"component": COMPONENT},
             "reportingComponent": f"{RUN_GROUP}/operator", "reportingInstance": self._instance[:128]})
+        what = f"post event {reason} on {meta['namespace']}/{meta['name']}"
         try:
             self.core.create_namespaced_event(meta["namespace"], body)
-        except (self._exc, *self._down) as exc:
-            log.warning(f"could not post event {reason} on {meta['namespace']}/{meta['name']}: {exc}")
+        except self._exc as exc:
+            if exc.status == 404:  # the namespace or run is gone: nobody to tell
+                return
+            translated = errors.translate(exc, what)
+            if isinstance(translated, errors.ApiUnavailable):
+                raise translated from None
+            log.warning(f"could not {what}: {translated}")  # 400/403...: another try would fare no better
+        except self._down as exc:
+            raise errors.translate(exc, what) from None

@@ -31,6 +31,8 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("-A", "--all-namespaces", action="store_true", help="kopf: watch every namespace")
     parser.add_argument("-n", "--namespace", action="append", default=[], help="kopf: watch this namespace")
     parser.add_argument("--liveness", metavar="URL", help="kopf: liveness endpoint, e.g. http://0.0.0.0:8081/healthz")
+    parser.add_argument("--workers", type=int, default=None,
+                        help="threads that run reconciles (env SOLAR_OPERATOR_WORKERS; default 8)")
     parser.add_argument("--verbose", action="store_true", help="kopf: more logging")
     parser.add_argument("--debug", action="store_true", help="kopf: debug logging")
     parser.add_argument("--quiet", action="store_true", help="kopf: warnings and errors only")
@@ -59,6 +61,15 @@ def main(argv: Sequence[str] | None = None) -> int:
         print(f"solar-operator: error: SOLAR_OPERATOR_POLL_SECONDS={poll!r} is not a positive number of seconds",
               file=sys.stderr)
         return 2
+    workers = args.workers if args.workers is not None else os.environ.get("SOLAR_OPERATOR_WORKERS", "8")
+    try:
+        workers = int(workers)
+        if workers < 1:
+            raise ValueError
+    except ValueError:
+        print(f"solar-operator: error: --workers/SOLAR_OPERATOR_WORKERS {workers!r}: use a whole number of threads, "
+              "1 or more", file=sys.stderr)
+        return 2
     import kopf
 
     from solar_operator import handlers, metrics
@@ -74,7 +85,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     def login(**kwargs):  # in-cluster service account, else $KUBECONFIG
         return kopf.login_via_client(**kwargs)
 
-    handlers.register(registry, poll_seconds=poll_seconds)
+    handlers.register(registry, poll_seconds=poll_seconds, workers=workers,
+                      exit_seconds=handlers.EXIT_SECONDS)
     if args.metrics_port:
         metrics.serve(args.metrics_port)
     asyncio.run(kopf.operator(registry=registry, memo=kopf.Memo(runs=reconciler(root)),

@@ -27,6 +27,11 @@ STAGE_FAILURES = Counter("solar_run_stage_failures_total", "Failed stage jobs by
 STAGE_GPU_SECONDS = Counter("solar_stage_gpu_seconds_total", "GPU time of ended stages (world size x wall time of "
                             "every launch, from run-result.json), by family, route stage and action.",
                             ["family", "stage", "action"], registry=REGISTRY)
+EVENTS = Counter("solar_operator_events_total", "Kubernetes Events the operator posted (posted), could not post "
+                 "yet and kept for a later reconcile (retried), or gave up on (dropped).", ["result"],
+                 registry=REGISTRY)
+for _result in ("posted", "retried", "dropped"):
+    EVENTS.labels(result=_result)
 PHASES = ("Pending", "Running", "Succeeded", "Failed", "Suspended")
 # The trainer's error types (solar.train.launch); anything else is counted as "other" (bounded labels).
 ERROR_TYPES = ("non_finite", "oom", "sp_mismatch", "data", "checkpoint", "validation_setup", "storage_full",

@@ -2,14 +2,19 @@
 
 Every kopf handler (create, resume, spec update, the poll timer, a change of one of the run's
 PyTorchJobs) ends in ``Reconciler.reconcile(namespace, name)``. It reads the run fresh from the
-API server rather than trusting the handler's body, and reconciles of one run never overlap (a
-lock per run), so the handlers may fire in any order and any number of times. The decision is a
+API server rather than trusting the handler's body, and reconciles of one run never overlap, so the
+handlers may fire in any order and any number of times. They are coalesced rather than queued: a
+trigger that arrives while the run is being reconciled only marks it, returns at once (no worker
+of kopf's shared pool waits on another), and the reconcile in flight runs once more when it ends,
+however many triggers arrived meanwhile. The decision is a
 function of the stored status and what is observed (the run's jobs by label and owner, its stage
 directories under ``--storage-root``): restarting the operator loses nothing, and a job created
 just before a restart is adopted rather than created twice.
 
 Status is written once per reconcile, only when it changed; events go out after that write, so an
-event never announces a transition the status does not show.
+event never announces a transition the status does not show. An Event the API server refuses (5xx,
+429, a timeout) is kept and posted again by the run's next reconciles, up to ``EVENT_ATTEMPTS``
+tries, then counted as dropped (``solar_operator_events_total{result}``); nothing is lost silently.
 """
 
 from __future__ import annotations
@@ -48,27 +53,48 @@ def merge_diff(old: dict, new: dict) -> dict:
     return patch
 
 
+EVENT_ATTEMPTS = 5   # tries of one Event (its first post and four later reconciles) before it counts as dropped
+
+
 class Reconciler:
     def __init__(self, kube, backend: JobBackend, *, storage_root: Path, repo: Path, clock=time.time) -> None:
         self.kube, self.backend = kube, backend
         self.storage_root, self.repo, self.clock = Path(storage_root), Path(repo), clock
-        self._guard = threading.Lock()
-        self._locks: dict[tuple[str, str], threading.Lock] = {}
+        self._guard = threading.Lock()   # held only to read or flip the flags below, never across I/O
+        self._running: set[tuple[str, str]] = set()
+        self._again: dict[tuple[str, str], str] = {}   # run -> the handler of its first coalesced trigger
+        self._events: dict[tuple[str, str], list[list]] = {}  # Events still to post: [run, kind, reason, message, tries]
         self._plans: dict[str, tuple[int, RunPlan | RunInvalid]] = {}  # uid -> (generation, plan)
 
-    def _lock(self, namespace: str, name: str) -> threading.Lock:
-        with self._guard:
-            return self._locks.setdefault((namespace, name), threading.Lock())
-
     def forget(self, namespace: str, name: str, uid: str | None) -> None:
-        """A deleted run: drop its lock and cached plan."""
+        """A deleted run: drop its cached plan and the Events it can no longer receive."""
         with self._guard:
-            self._locks.pop((namespace, name), None)
             self._plans.pop(uid, None)
+            for _ in self._events.pop((namespace, name), []):
+                metrics.EVENTS.labels(result="dropped").inc()
 
     def reconcile(self, namespace: str, name: str, handler: str) -> machine.Decision | None:
-        with self._lock(namespace, name), metrics.timed(handler):
-            return self._reconcile(namespace, name)
+        """Reconcile the run now, or, when a reconcile of it is in flight, have that one run again
+        when it ends (this call returns None at once)."""
+        key = (namespace, name)
+        with self._guard:
+            if key in self._running:
+                self._again.setdefault(key, handler)
+                metrics.RECONCILE.labels(handler=handler, result="coalesced").inc()
+                return None
+            self._running.add(key)
+        try:
+            while True:
+                with metrics.timed(handler):
+                    decision = self._reconcile(namespace, name)
+                with self._guard:
+                    if key not in self._again:
+                        return decision
+                    handler = self._again.pop(key)  # the pass the coalesced triggers asked for
+        finally:
+            with self._guard:
+                self._running.discard(key)
+                self._again.pop(key, None)  # a failed pass is retried by kopf (or the next poll) as a whole
 
     # -- one pass ---------------------------------------------------------------------------------
     def _plan(self, uid: str, generation: int, spec: SolarRunSpec) -> RunPlan | RunInvalid:
@@ -109,8 +135,8 @@ class Reconciler:
         if new != stored:
             self.kube.patch_run_status(namespace, name, merge_diff(stored, new))
         for kind, reason, message in decision.events:
-            self.kube.post_event(run, kind, reason, message)
             log.log(logging.WARNING if kind == "Warning" else logging.INFO, f"{namespace}/{name}: {reason}: {message}")
+        self._post_events(run, decision.events)
         for stage, phase in decision.transitions:
             metrics.STAGE_TRANSITIONS.labels(to_phase=phase).inc()
             ended = decision.status.stage(stage) if phase in ("Succeeded", "Failed") and plan is not None else None
@@ -120,6 +146,38 @@ class Reconciler:
         for _stage, error_type in decision.job_failures:
             metrics.count_stage_failure(error_type)
         return decision
+
+    def _post_events(self, run: dict, events: list) -> None:
+        """The run's earlier unposted Events first (in order), then this reconcile's; an Event the
+        server refuses stays queued for the next reconcile until its tries run out."""
+        meta = run["metadata"]
+        key = (meta["namespace"], meta["name"])
+        with self._guard:
+            queue = self._events.pop(key, [])
+        queue += [[run, kind, reason, message, 0] for kind, reason, message in events]
+        left = []
+        for i, item in enumerate(queue):
+            item[4] += 1
+            try:
+                self.kube.post_event(run, *item[1:4])
+            except errors.ApiUnavailable as exc:
+                if item[4] >= EVENT_ATTEMPTS:
+                    metrics.EVENTS.labels(result="dropped").inc()
+                    log.warning(f"{key[0]}/{key[1]}: dropped event {item[2]} after {item[4]} tries: {exc}")
+                else:
+                    metrics.EVENTS.labels(result="retried").inc()
+                    left.append(item)
+                left += [later for later in queue[i + 1:]]  # keep the order: the rest wait for the next pass
+                break
+            else:
+                metrics.EVENTS.labels(result="posted").inc()
+        if left:
+            with self._guard:
+                self._events[key] = left + self._events.get(key, [])
+
+    def pending_events(self, namespace: str, name: str) -> int:
+        with self._guard:
+            return len(self._events.get((namespace, name), []))
 
     def _act(self, run: dict, spec, plan, decision: machine.Decision, now: float, generation: int):
         for action in decision.actions:

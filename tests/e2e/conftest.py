@@ -101,7 +101,7 @@ def operator(cluster, tmp_path):
             return None
     wait_for(alive, timeout=60, message="the operator's liveness endpoint")
     yield {"metrics": f"http://127.0.0.1:{metrics_port}/metrics", "live": f"http://127.0.0.1:{live_port}/healthz",
-           "storage": storage, "log": tmp_path / "operator.log"}
+           "storage": storage, "log": tmp_path / "operator.log", "proc": proc}
     proc.send_signal(signal.SIGTERM)
     try:
         proc.wait(timeout=30)

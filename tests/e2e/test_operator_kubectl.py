@@ -74,3 +74,25 @@ def test_kubectl_apply_get_wait_on_every_example(cluster, operator):
     wait_for(lambda: f'run="{names[0]}"' not in _get(operator["metrics"]) or None, timeout=30)
     text = _get(operator["metrics"])
     assert 'solar_runs{phase="Failed"} 1.0' in text and 'solar_runs{phase="Running"} 2.0' in text
+
+
+def test_liveness_answers_at_once_and_sigterm_ends_the_process_within_5_seconds(cluster, operator):
+    """While every example run is being reconciled, /healthz answers within a second; a SIGTERM with
+    that work in flight ends the process within 5 s (kopf's ultimate exiting timeout, 4.5 s)."""
+    import signal
+    import time
+
+    for path in EXAMPLES:
+        cluster.kubectl("apply", "-f", str(path))
+    answers = []
+    for _ in range(10):
+        started = time.monotonic()
+        assert '"runs"' in _get(operator["live"])
+        answers.append(time.monotonic() - started)
+        time.sleep(0.1)
+    assert max(answers) < 1.0, answers
+    proc = operator["proc"]
+    started = time.monotonic()
+    proc.send_signal(signal.SIGTERM)
+    proc.wait(timeout=10)
+    assert time.monotonic() - started < 5.0

@@ -62,9 +62,11 @@ class ApiError(Exception):
         self.code, self.reason, self.message, self.details = code, reason, message, details
 
     def response(self) -> aiohttp.web.Response:
+        details = {k: v for k, v in self.details.items() if k != "retry_after"}
+        headers = {"Retry-After": str(self.details["retry_after"])} if "retry_after" in self.details else None
         return aiohttp.web.json_response({
             "apiVersion": "v1", "kind": "Status", "metadata": {}, "status": "Failure", "code": self.code,
-            "reason": self.reason, "message": self.message, "details": self.details}, status=self.code)
+            "reason": self.reason, "message": self.message, "details": details}, status=self.code, headers=headers)
 
 
 class Target(NamedTuple):
@@ -230,6 +232,9 @@ class FaithfulEmulator(KubernetesEmulator):
     _printers: dict[resource, list[dict[str, Any]]] = attrs.field(factory=dict, init=False)  # additionalPrinterColumns
     closing: bool = attrs.field(default=False, init=False)
     internal_errors: list[str] = attrs.field(factory=list, init=False)
+    # API faults a test plays: each callable gets (method, path) and returns an ApiError to answer
+    # instead of serving the request (with ``retry_after``: a Retry-After header), or None
+    faults: list = attrs.field(factory=list, init=False)
 
     def __attrs_post_init__(self) -> None:
         super().__attrs_post_init__()
@@ -440,6 +445,10 @@ class FaithfulEmulator(KubernetesEmulator):
             resource=resource(t.group, t.version, t.plural), namespace=t.namespace, name=t.name,
             subresource=t.subresource)
         self._requests.append(request)
+        for fault in list(self.faults):
+            error = fault(raw.method, raw.path)
+            if error is not None:
+                return error.response()
         try:
             return await self._serve(raw, t, data)
         except ApiError as e:

@@ -1,0 +1,132 @@
+"""The operator under API faults (issue 26 item 2), against the emulated API server made to answer
+some requests with 500 or 429 (with Retry-After): Events the server refuses are posted by a later
+reconcile in their order, not dropped, and counted; a job create refused with 429 comes back after
+the server's Retry-After; triggers of one run are coalesced instead of waiting in the thread pool;
+the liveness probe is answered by the event loop."""
+
+from __future__ import annotations
+
+import asyncio
+import inspect
+import threading
+import time
+
+import kopf
+import pytest
+
+from solar_operator import errors as operator_errors
+from solar_operator import handlers, metrics
+from tests.integration.test_operator_flow import _run, world  # noqa: F401 (the fixture)
+from tests.support.kube import ApiError, wait_for
+
+pytestmark = pytest.mark.timeout(180)
+
+
+def _events_total(result: str) -> float:
+    return metrics.REGISTRY.get_sample_value("solar_operator_events_total", {"result": result}) or 0.0
+
+
+class Refuse:
+    """Answer the first ``times`` requests of ``method`` to paths containing ``fragment`` with
+    ``code`` (and a Retry-After when given); count every request it saw."""
+
+    def __init__(self, method: str, fragment: str, times: int, code: int = 500, retry_after: int | None = None):
+        self.method, self.fragment, self.left, self.code, self.retry_after = method, fragment, times, code, retry_after
+        self.seen: list[float] = []
+        self.lock = threading.Lock()
+
+    def __call__(self, method: str, path: str):
+        if method != self.method or self.fragment not in path:
+            return None
+        with self.lock:
+            self.seen.append(time.monotonic())
+            if self.left <= 0:
+                return None
+            self.left -= 1
+        extra = {"retry_after": self.retry_after} if self.retry_after is not None else {}
+        return ApiError(self.code, "TooManyRequests" if self.code == 429 else "InternalError", "injected", **extra)
+
+
+def test_events_the_server_refuses_are_posted_later_in_order(world):  # noqa: F811
+    refuse = Refuse("POST", "/events", times=4)
+    world.cluster.emulator.faults.append(refuse)
+    retried, dropped = _events_total("retried"), _events_total("dropped")
+    with world.operator():
+        world.apply(_run("noisy"))
+        world.wait_job("noisy-fm")
+        reasons = wait_for(lambda: (lambda r: r if "StageStarted" in r else None)(world.event_reasons("noisy")),
+                           timeout=30, message="the run's first events, posted after the refusals")
+        assert reasons[:3] == ["Resolved", "MemoryForecast", "StageStarted"]  # in order, none lost
+        assert world.reconciler.pending_events(world.namespace, "noisy") == 0
+    assert refuse.left == 0 and _events_total("retried") - retried == 4 and _events_total("dropped") == dropped
+
+
+def test_a_job_create_refused_with_429_waits_for_retry_after(world):  # noqa: F811
+    refuse = Refuse("POST", "/pytorchjobs", times=2, code=429, retry_after=1)
+    world.cluster.emulator.faults.append(refuse)
+    with world.operator():
+        world.apply(_run("busy"))
+        job = world.wait_job("busy-fm", timeout=30)
+    assert job and len(refuse.seen) >= 3
+    gaps = [b - a for a, b in zip(refuse.seen, refuse.seen[1:3])]
+    assert all(gap >= 0.9 for gap in gaps), gaps  # kopf re-ran the handler after the server's Retry-After
+    assert sorted(world.jobs()) == ["busy-fm"]  # one job, however many tries
+
+
+def test_retry_after_sets_the_retry_delay_capped():
+    class Exc(Exception):
+        def __init__(self, status, headers):
+            self.status, self.headers, self.body, self.reason = status, headers, None, "x"
+
+    assert operator_errors.translate(Exc(429, {"Retry-After": "7"}), "create").delay == 7.0
+    assert operator_errors.translate(Exc(503, {"retry-after": "3600"}), "create").delay == 60.0
+    assert operator_errors.translate(Exc(500, {}), "create").delay == 5.0
+    assert operator_errors.translate(Exc(429, {"Retry-After": "Wed, 21 Oct 2026 07:28:00 GMT"}), "x").delay == 5.0
+    assert isinstance(operator_errors.translate(Exc(422, {}), "create"), operator_errors.Rejected)
+
+
+def test_triggers_of_a_busy_run_are_coalesced_not_queued(world):  # noqa: F811
+    """Ten triggers while a reconcile of the run is in flight: none waits in the pool, and the
+    run is reconciled once more afterwards."""
+    from solar_operator.main import reconciler
+
+    r = reconciler(world.storage, url=world.cluster.url)
+    world.apply(_run("busy"))
+    inside, release, passes = threading.Event(), threading.Event(), []
+    real = r._reconcile
+
+    def slow(namespace, name):
+        passes.append(time.monotonic())
+        if len(passes) == 1:
+            inside.set()
+            release.wait(10)
+        return real(namespace, name)
+
+    r._reconcile = slow
+    first = threading.Thread(target=r.reconcile, args=(world.namespace, "busy", "create"))
+    first.start()
+    assert inside.wait(10)
+    started = time.monotonic()
+    answers = [r.reconcile(world.namespace, "busy", "poll") for _ in range(10)]
+    assert answers == [None] * 10 and time.monotonic() - started < 1.0  # returned at once
+    release.set()
+    first.join(10)
+    assert len(passes) == 2  # the pass in flight, and one more for all ten triggers
+    coalesced = metrics.REGISTRY.get_sample_value("solar_operator_reconcile_total",
+                                                  {"handler": "poll", "result": "coalesced"})
+    assert coalesced and coalesced >= 10
+
+
+def test_the_liveness_probe_is_answered_by_the_event_loop():
+    """kopf runs a sync probe in its handler thread pool, where it would wait behind reconciles; the
+    operator's probe is a coroutine, and the pool size is the operator's setting."""
+    registry = kopf.OperatorRegistry()
+    handlers.register(registry, workers=3)
+    probes = registry._activities.get_all_handlers()
+    (probe,) = [h for h in probes if h.id == "runs"]
+    assert inspect.iscoroutinefunction(probe.fn)
+    assert asyncio.run(probe.fn()) == len(metrics.RUNS)
+    settings = kopf.OperatorSettings()
+    (startup,) = [h for h in probes if h.id == "solar-settings"]
+    startup.fn(settings=settings)
+    assert settings.execution.max_workers == 3 and settings.process.ultimate_exiting_timeout == 600
