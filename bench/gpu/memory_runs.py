@@ -59,17 +59,23 @@ def _value(sets: list[str], key: str, default: str) -> str:
     return next((s.split("=", 1)[1] for s in reversed(sets) if s.startswith(key + "=")), default)
 
 
+def prepare(work: Path, name: str, extra: list[str]) -> tuple[list[str], Path]:
+    """A case's ``--set`` values (COMMON, its own, its data at its resolution) and its fresh run
+    directory (a case run again starts a new one)."""
+    sets = COMMON + extra
+    height, width = int(_value(sets, "data.height", "480")), int(_value(sets, "data.width", "864"))
+    data = _data(height, width)
+    out = work / "runs" / name
+    shutil.rmtree(out, ignore_errors=True)
+    return sets + [f"data.root={data}", f"runtime.output_dir={out}"], out
+
+
 def run(name: str) -> dict:
     from solar.config import memory
     from solar.config.resolve import resolve_file
 
     config, extra = CASES[name]
-    sets = COMMON + extra
-    height, width = int(_value(sets, "data.height", "480")), int(_value(sets, "data.width", "864"))
-    data = _data(height, width)
-    out = WORK / "runs" / name
-    shutil.rmtree(out, ignore_errors=True)  # a case run again starts a new run directory
-    sets = sets + [f"data.root={data}", f"runtime.output_dir={out}"]
+    sets, out = prepare(WORK, name, extra)
     resolved = resolve_file(REPO / config, sets, expected_action="train")
     forecast = memory.forecast(resolved, gpu_memory_bytes=143771 << 20)
     args = [sys.executable, "-m", "solar", "train", "--config", str(REPO / config)]

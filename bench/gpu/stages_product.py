@@ -18,7 +18,6 @@ from __future__ import annotations
 
 import json
 import os
-import shutil
 import signal
 import statistics
 import subprocess
@@ -26,7 +25,7 @@ import sys
 import time
 from pathlib import Path
 
-from bench.gpu.memory_runs import COMMON, WAN, _data, _value
+from bench.gpu.memory_runs import WAN, prepare
 
 REPO = Path(__file__).resolve().parents[2]
 WORK = Path(os.environ.get("BENCH_WORK", "/tmp/solar-stages"))
@@ -77,12 +76,7 @@ def _compile_log(log: str) -> dict:
 def run(name: str) -> dict:
     config, extra, want = CASES[name]
     validating = name.startswith("val_")
-    sets = COMMON + extra
-    height, width = int(_value(sets, "data.height", "480")), int(_value(sets, "data.width", "864"))
-    data = _data(height, width)
-    out = WORK / "runs" / name
-    shutil.rmtree(out, ignore_errors=True)  # a case run again starts a new run directory
-    sets = sets + [f"data.root={data}", f"runtime.output_dir={out}"]
+    sets, out = prepare(WORK, name, extra)
     env = dict(os.environ)
     if name.endswith("_before"):
         base = Path(os.environ["BENCH_BASE"]).resolve()

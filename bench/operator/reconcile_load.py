@@ -152,13 +152,18 @@ def main() -> None:
             text = _scrape(metrics_port)
             result["reconcile_duration"] = _histogram(text, "solar_operator_reconcile_duration_seconds")
         finally:
-            proc.send_signal(signal.SIGTERM)
-            try:
-                proc.wait(timeout=30)
-            except subprocess.TimeoutExpired:
-                proc.kill()
-            log.close()
+            stop(proc, log)
     print(json.dumps(result, indent=2))
+
+
+def stop(proc: subprocess.Popen, log) -> None:
+    """SIGTERM the operator, SIGKILL it if it is still there 30 s later, close its log."""
+    proc.send_signal(signal.SIGTERM)
+    try:
+        proc.wait(timeout=30)
+    except subprocess.TimeoutExpired:
+        proc.kill()
+    log.close()
 
 
 def _peer(world: World, name: str, repeat: int = 50) -> list[float]:

@@ -66,7 +66,10 @@ def test_interrupted_run_continues_where_it_stopped_and_finishes(data, tmp_path)
     assert status["stages"][0]["phase"] == "Succeeded" and status["currentStage"] == "anyflow"
     again = _solar_run(manifest, workdir)
     assert again.returncode == 0, again.stderr[-3000:]
-    assert re.search(r"stage anyflow attempt 2 \(from \S+/anyflow/checkpoints/step_0000000[24]\)", again.stderr)
+    # from the checkpoint the interruption left: step 2, or the one saved on stop when the signal
+    # arrived during a later step (the trainer finishes the step and saves), or the final one
+    assert re.search(r"stage anyflow attempt 2 \(from \S+/anyflow/checkpoints/step_0000000[234]\)", again.stderr), \
+        again.stderr[-3000:]
     status = json.loads((workdir / "tiny-wan" / "status.json").read_text())
     assert status["phase"] == "Succeeded"
     assert [s["phase"] for s in status["stages"]] == ["Succeeded"] * 4
