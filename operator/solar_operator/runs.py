@@ -63,7 +63,8 @@ class Reconciler:
         self._guard = threading.Lock()   # held only to read or flip the flags below, never across I/O
         self._running: set[tuple[str, str]] = set()
         self._again: dict[tuple[str, str], str] = {}   # run -> the handler of its first coalesced trigger
-        self._events: dict[tuple[str, str], list[list]] = {}  # Events still to post: [run, kind, reason, message, tries]
+        # Events still to post, per run: [run, kind, reason, message, tries]
+        self._events: dict[tuple[str, str], list[list]] = {}
         self._plans: dict[str, tuple[int, RunPlan | RunInvalid]] = {}  # uid -> (generation, plan)
 
     def forget(self, namespace: str, name: str, uid: str | None) -> None:

@@ -453,7 +453,8 @@ class Loop:
         self.stop.install(self.resolved.config.runtime.stop_grace_seconds)
         progress = Progress(d.rank == 0, max_steps, self.parts.start_step, cfg.runtime.log_every,
                             tokens_per_clip=self.tokens_per_sample,
-                            flops_per_clip=self.flops_per_clip if self.peak_flops else 0.0, peak_flops=self.peak_flops, dp_world=d.dp_world, world=d.world)
+                            flops_per_clip=self.flops_per_clip if self.peak_flops else 0.0,
+                            peak_flops=self.peak_flops, dp_world=d.dp_world, world=d.world)
         start = self.parts.start_step
         if self.validation_scheduled():
             self.prepare_validation()
