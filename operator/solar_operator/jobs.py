@@ -58,7 +58,10 @@ def manifest(run: dict, spec: SolarRunSpec, plan: StagePlan, job: str, *, attemp
             "command": ["torchrun"],
             "args": [f"--nproc-per-node={plan.nproc}", *plan.arguments(resume_from)],
             "env": [{"name": "SOLAR_METRICS_PORT", "value": str(METRICS_PORT)},
-                    {"name": "PYTHONUNBUFFERED", "value": "1"}],
+                    {"name": "PYTHONUNBUFFERED", "value": "1"},
+                    # recorded in run-result.json: evidence of another run is recognised (run/observe.py)
+                    {"name": "SOLAR_RUN_UID", "value": meta.get("uid", "")},
+                    {"name": "SOLAR_RUN_STAGE", "value": plan.name}],
             "ports": ports,
             "volumeMounts": mounts,
             "resources": stage_resources(spec, plan.name),

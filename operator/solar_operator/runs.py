@@ -123,9 +123,11 @@ class Reconciler:
         if plan is not None:
             jobs = self.backend.observe(run)
             root = self.storage_root / spec.storage.path
+            uid = meta.get("uid", "")
             files = LazyStageFiles([s.name for s in plan.stages], lambda stage: observe_stage(
                 root / stage, final_step=plan.stage(stage).final_step,
-                validation_step=plan.stage(stage).validation_step, generation=plan.stage(stage).generation))
+                validation_step=plan.stage(stage).validation_step, generation=plan.stage(stage).generation,
+                owner=(uid, stage) if uid else None))
         now = self.clock()
         obs = machine.Observation(name, generation, now, plan=plan, invalid=invalid, jobs=jobs, files=files,
                                   diagnose=(lambda stage: failure_summary(root / stage)) if root else

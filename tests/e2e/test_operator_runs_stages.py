@@ -6,6 +6,7 @@ Stage1 TF-AnyFlow from its EMA -> generation) must end Succeeded with real check
 
 from __future__ import annotations
 
+import json
 import subprocess
 import sys
 
@@ -28,7 +29,10 @@ def _execute(world: World, job: dict) -> None:
     assert container["command"] == ["torchrun"] and set(job["spec"]["pytorchReplicaSpecs"]) == {"Master"}
     world.set_job(name, "Running")
     cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", *container["args"]]
-    proc = subprocess.run(cmd, cwd=REPO, env=env(), capture_output=True, text=True, timeout=400)
+    # the container's plain environment, as kubelet sets it (not the metrics port: no scrape here)
+    extra = {e["name"]: e["value"] for e in container.get("env", [])
+             if "value" in e and e["name"] != "SOLAR_METRICS_PORT"}
+    proc = subprocess.run(cmd, cwd=REPO, env=env(extra), capture_output=True, text=True, timeout=400)
     if proc.returncode == 0:
         world.set_job(name, "Succeeded")
     else:
@@ -72,3 +76,7 @@ def test_the_operators_jobs_run_the_recipe_to_the_end(wan_data, tmp_path):
         assert videos and (storage / "real" / "generate" / "generation" / "COMPLETE.json").is_file()
         assert [s["phase"] for s in status["stages"]] == ["Succeeded"] * 3
         assert world.event_reasons("real")[-1] == "Completed"
+        uid = world.run("real")["metadata"]["uid"]
+        for stage in ("fm", "anyflow", "generate"):  # each stage's evidence names the run and stage it is for
+            result = json.loads((storage / "real" / stage / "run-result.json").read_text())
+            assert result["owner"] == {"run_uid": uid, "stage": stage}

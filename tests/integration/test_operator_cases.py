@@ -30,17 +30,17 @@ def world(tmp_path_factory):
             yield w
 
 
-def _normalize(node, namespace: str):
+def _normalize(node, namespace: str, uid: str = "<none>"):
     if isinstance(node, dict):
         out = {}
         for key, value in node.items():
             if key in ("uid", "resourceVersion", "creationTimestamp", "generation", "managedFields"):
                 continue
-            out[key] = "<time>" if key in TIMES else _normalize(value, namespace)
+            out[key] = "<time>" if key in TIMES else _normalize(value, namespace, uid)
         return out
     if isinstance(node, list):
-        return [_normalize(v, namespace) for v in node]
-    return "<namespace>" if node == namespace else node
+        return [_normalize(v, namespace, uid) for v in node]
+    return "<namespace>" if node == namespace else "<run-uid>" if node == uid else node
 
 
 def _settled(world: World, name: str):
@@ -69,7 +69,8 @@ def test_case(case, world):
         assert pytorchjobs.webhook_problems(job) == []
     # the operator's last word on it: events come after the status write
     events = wait_for(lambda: world.event_reasons(name) or None, message=f"{name} events")
-    got = _normalize({"status": status, "jobs": [mine[k] for k in sorted(mine)], "events": events}, world.namespace)
+    got = _normalize({"status": status, "jobs": [mine[k] for k in sorted(mine)], "events": events}, world.namespace,
+                     world.run(name)["metadata"]["uid"])
     path = CASES / "output" / f"{case}.yaml"
     if os.environ.get("SOLAR_UPDATE_GOLDEN") == "1":
         path.write_text(f"# Expected outcome of input/{case}.yaml (SOLAR_UPDATE_GOLDEN=1 rewrites it).\n"

@@ -69,6 +69,34 @@ def test_truncated_or_foreign_documents_are_named_not_taken_as_absent(tmp_path):
     assert sorted(p.name for p in run.iterdir()) == ["checkpoints", "validation"]  # nothing deleted
 
 
+def test_evidence_of_another_run_is_refused_and_unowned_evidence_accepted(tmp_path):
+    run = tmp_path / "fm"
+    _checkpoint(run, 4)
+    result = run / "run-result.json"
+    result.write_text(json.dumps({"status": "complete", "owner": {"run_uid": "u-1", "stage": "fm"}}))
+    mine = observe_stage(run, final_step=4, validation_step=None, generation=False, owner=("u-1", "fm"))
+    assert mine.result == "complete" and mine.result_problem is None
+    for other in (("u-2", "fm"), ("u-1", "anyflow")):
+        files = observe_stage(run, final_step=4, validation_step=None, generation=False, owner=other)
+        assert files.result is None and "was written for SolarRun uid u-1 stage fm" in files.result_problem
+        assert f"not this run's stage {other[1]} (uid {other[0]})" in files.result_problem
+    result.write_text(json.dumps({"status": "complete"}))  # written by hand or by an older trainer
+    files = observe_stage(run, final_step=4, validation_step=None, generation=False, owner=("u-2", "fm"))
+    assert files.result == "complete" and files.result_problem is None
+
+
+def test_the_trainer_records_the_stage_it_ran_for(tmp_path, monkeypatch):
+    from solar.storage import run_dir
+
+    monkeypatch.delenv("SOLAR_RUN_UID", raising=False)
+    run_dir.write_result(tmp_path, "complete")
+    assert "owner" not in json.loads((tmp_path / "run-result.json").read_text())
+    monkeypatch.setenv("SOLAR_RUN_UID", "u-1")
+    monkeypatch.setenv("SOLAR_RUN_STAGE", "fm")
+    run_dir.write_result(tmp_path, "complete")
+    assert json.loads((tmp_path / "run-result.json").read_text())["owner"] == {"run_uid": "u-1", "stage": "fm"}
+
+
 def test_generation_marker_for_inference_stages(tmp_path):
     run = tmp_path / "generate"
     (run / "generation").mkdir(parents=True)

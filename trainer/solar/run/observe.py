@@ -75,12 +75,20 @@ def _final(root: Path, step: int) -> tuple[str, tuple[str, ...]]:
 
 
 def observe_stage(stage_dir: str | Path, *, final_step: int | None, validation_step: int | None,
-                  generation: bool) -> StageFiles:
+                  generation: bool, owner: tuple[str, str] | None = None) -> StageFiles:
+    """``owner``: (SolarRun uid, stage name) whose evidence this directory must hold; a run-result.json
+    that records another owner is a ``result_problem`` (one that records none is accepted)."""
     root = Path(stage_dir)
     if not root.is_dir():
         return StageFiles(exists=False)
     result = message = error = usage = None
     doc, result_problem = _document(root / "run-result.json", "run-result.json")
+    recorded = (doc or {}).get("owner")
+    if owner is not None and isinstance(recorded, dict) and (recorded.get("run_uid"), recorded.get("stage")) != owner:
+        result_problem = (f"run-result.json {root / 'run-result.json'} was written for SolarRun uid "
+                          f"{recorded.get('run_uid')} stage {recorded.get('stage')}, not this run's stage {owner[1]} "
+                          f"(uid {owner[0]}): another run's output is in this stage's directory")
+        doc = None
     if doc is not None:
         result, message, error = doc.get("status"), doc.get("message"), doc.get("error_type")
         usage = doc.get("usage") if isinstance(doc.get("usage"), dict) else None

@@ -111,11 +111,21 @@ def write_environment(output_dir: Path) -> None:
     write_replace(output_dir / "environment.json", pretty_bytes(probe()))
 
 
+def owner(environ=os.environ) -> dict | None:
+    """The SolarRun stage this launch runs for (``SOLAR_RUN_UID``, ``SOLAR_RUN_STAGE``: the operator
+    sets them in every stage job), recorded in run-result.json so that a stage's evidence written by
+    another run is recognised; None when launched by hand."""
+    uid, stage = environ.get("SOLAR_RUN_UID"), environ.get("SOLAR_RUN_STAGE")
+    return {"run_uid": uid, "stage": stage} if uid and stage else None
+
+
 def write_result(output_dir: Path, status: str, *, error_type: str | None = None, message: str | None = None,
                  final: dict | None = None, checkpoints: list | None = None, validations: list | None = None,
                  usage: dict | None = None) -> None:
     doc = {"schema": RESULT_SCHEMA, "status": status, "checkpoints": checkpoints or [],
            "validations": validations or []}
+    if owner() is not None:
+        doc["owner"] = owner()
     if usage is not None:
         doc["usage"] = usage
     if error_type is not None:
