@@ -111,8 +111,8 @@ class Kube:
 
     # -- Events ---------------------------------------------------------------------------------
     def post_event(self, run: dict, kind: str, reason: str, message: str) -> None:
-        """A core/v1 Event on the SolarRun; ``errors.ApiUnavailable`` when the server refuses or does
-        not answer (the reconciler keeps it for a later try; an Event never fails a reconcile)."""
+        """A core/v1 Event on the SolarRun; the ``errors`` kind when the server refuses it or does not
+        answer (the reconciler retries the temporary ones later; an Event never fails a reconcile)."""
         from kubernetes import client
 
         meta = run["metadata"]
@@ -131,9 +131,6 @@ class Kube:
         except self._exc as exc:
             if exc.status == 404:  # the namespace or run is gone: nobody to tell
                 return
-            translated = errors.translate(exc, what)
-            if isinstance(translated, errors.ApiUnavailable):
-                raise translated from None
-            log.warning(f"could not {what}: {translated}")  # 400/403...: another try would fare no better
+            raise errors.translate(exc, what) from None
         except self._down as exc:
             raise errors.translate(exc, what) from None

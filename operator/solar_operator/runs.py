@@ -24,6 +24,7 @@ import threading
 import time
 from pathlib import Path
 
+import kopf
 from pydantic import ValidationError
 
 from solar.diagnose import failure_summary
@@ -163,14 +164,17 @@ class Reconciler:
             item[4] += 1
             try:
                 self.kube.post_event(run, *item[1:4])
-            except errors.ApiUnavailable as exc:
+            except kopf.PermanentError as exc:  # refused as it is (400/422): another try fares no better
+                metrics.EVENTS.labels(result="dropped").inc()
+                log.warning(f"{key[0]}/{key[1]}: dropped event {item[2]}: {exc}")
+            except kopf.TemporaryError as exc:
                 if item[4] >= EVENT_ATTEMPTS:
                     metrics.EVENTS.labels(result="dropped").inc()
                     log.warning(f"{key[0]}/{key[1]}: dropped event {item[2]} after {item[4]} tries: {exc}")
                 else:
                     metrics.EVENTS.labels(result="retried").inc()
                     left.append(item)
-                left += [later for later in queue[i + 1:]]  # keep the order: the rest wait for the next pass
+                left.extend(queue[i + 1:])  # keep the order: the rest wait for the next pass
                 break
             else:
                 metrics.EVENTS.labels(result="posted").inc()

@@ -10,8 +10,8 @@ from pathlib import Path
 
 from solar.errors import SolarError
 from solar.generation.test_set import check_test_set
-from solar.launch.weights import load_weights, require_base, with_base
-from solar.models.weights import load_into
+from solar.launch.materialize import checkpoint, fill, module_tensors
+from solar.launch.weights import require_base
 from solar.storage.checkpoints import CheckpointError, require_valid
 
 RELEASE_SCHEMA = "solar.release.v1"
@@ -73,8 +73,9 @@ class InferenceWeights:
 
     def __call__(self, p):
         role = self.role(p)
-        tensors = load_weights(self.path, self.member_role, role)
-        if self.manifest.get("trainer_state", {}).get("adapter_only"):
-            tensors = with_base(self.model, tensors)
-        load_into(self.model, tensors, where=f"checkpoint.path {self.path}")
+        tensors = checkpoint(self.path, self.member_role, role)
+        if self.manifest.get("trainer_state", {}).get("adapter_only"):  # the adapters over the base in the model
+            base = {k: v for k, v in module_tensors(self.model).items() if ".lora_" not in k}
+            tensors = {**base, **tensors}
+        fill(self.model, tensors, where=f"checkpoint.path {self.path}")
         return contextlib.nullcontext(), role

@@ -150,7 +150,7 @@ def render_text(report: dict) -> str:
     if usage.get("attempts"):
         attempts = ", ".join(f"{a.get('status')} {a.get('gpu_seconds', 0) / 3600:.4f} h on {a.get('world_size')} "
                              f"{a.get('device', 'gpu')}" for a in usage["attempts"])
-        lines.append(f"  GPU time: {usage.get('gpu_hours', 0):.4f} GPU-hours in {len(usage['attempts'])} "
+        lines.append(f"  GPU time: {usage.get('gpu_seconds', 0) / 3600:.4f} GPU-hours in {len(usage['attempts'])} "
                      f"launch(es): {attempts}")
     valid = [c for c in report["checkpoints"] if c["valid"]]
     lines.append(f"  checkpoints: {len(valid)} verified of {len(report['checkpoints'])}"

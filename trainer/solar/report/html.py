@@ -153,7 +153,7 @@ def _usage(usage: dict | None) -> str:
         return "-"
     launches = "; ".join(f"{a.get('status')}: {a.get('gpu_seconds', 0) / 3600:.4f} h ({a.get('world_size')} x "
                          f"{a.get('wall_seconds', 0):.0f} s, {a.get('device', 'gpu')})" for a in usage["attempts"])
-    return f"{usage.get('gpu_hours', 0):.4f} GPU-hours — {launches}"
+    return f"{usage.get('gpu_seconds', 0) / 3600:.4f} GPU-hours — {launches}"
 
 
 def page(report: dict) -> str:

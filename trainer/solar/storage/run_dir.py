@@ -148,9 +148,7 @@ def usage(output_dir: Path, *, world: int, device: str, started: float, ended: f
     wall = max(ended - started, 0.0)
     attempts = [*earlier, {"status": status, "world_size": world, "device": device, "started": _iso(started),
                            "ended": _iso(ended), "wall_seconds": round(wall, 3), "gpu_seconds": round(world * wall, 3)}]
-    return {"gpu_seconds": round(sum(a.get("gpu_seconds", 0.0) for a in attempts), 3),
-            "gpu_hours": round(sum(a.get("gpu_seconds", 0.0) for a in attempts) / 3600, 6),
-            "attempts": attempts}
+    return {"gpu_seconds": round(sum(a.get("gpu_seconds", 0.0) for a in attempts), 3), "attempts": attempts}
 
 
 def _iso(t: float) -> str:

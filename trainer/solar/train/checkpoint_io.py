@@ -132,11 +132,13 @@ def load_optimizer(path: Path, role: str, optimizer: torch.optim.Optimizer, name
     meta = json.loads((path / role / "optimizer.json").read_text())
     if meta["names"] != names:
         raise CheckpointError(f"{path}: the optimizer was saved for different parameters")
-    members = lazy_members(path / role / "optimizer.safetensors")
+    by_param: dict[str, dict] = {}
+    for key, lazy in lazy_members(path / role / "optimizer.safetensors").items():
+        name, moment = key.split("::", 1)
+        by_param.setdefault(name, {})[moment] = lazy
     for name in names:
         p = params[name]
-        entry = {key.split("::", 1)[1]: lazy.read_like(p) for key, lazy in members.items()
-                 if key.split("::", 1)[0] == name}
+        entry = {moment: lazy.read_like(p) for moment, lazy in by_param.get(name, {}).items()}
         if name in meta["steps"]:
             entry["step"] = torch.tensor(meta["steps"][name])
         if entry:

@@ -504,7 +504,7 @@ class Progress:
         self.enabled, self.total, self.start, self.every = enabled, total, start, every
         self.tokens_per_clip, self.flops_per_clip, self.peak_flops = tokens_per_clip, flops_per_clip, peak_flops
         self.dp_world, self.world, self.warmup = dp_world, world, warmup
-        self.began = self.last = time.perf_counter()
+        self.last = time.perf_counter()
         self.early: list[float] = []                               # the first ``warmup`` intervals
         self.recent: collections.deque[float] = collections.deque(maxlen=window)
 

@@ -32,10 +32,10 @@ from pathlib import Path
 import torch
 
 from solar.config.contracts import checkpoint_contract
+from solar.launch import precision
 from solar.launch.batch import Batch, collate
 from solar.launch.distributed import CollectiveFailure
 from solar.launch.materialize import checkpoint, materialize, module_tensors, released
-from solar.launch import precision
 from solar.models.registry import model_from_config
 from solar.models.weights import WeightsError
 from solar.objectives import dmd, fm
@@ -59,14 +59,16 @@ def _role_tensors(cfg, ck, resume: bool, sources: dict) -> dict[str, tuple[dict,
         if cfg.model.pretrained_path and cfg.model.training_mode == "lora" else {}
     random = None
     if sources.get("teacher") is None:
-        random = {role: module_tensors(model_from_config(cfg, device="cpu")) for role in ("student", "teacher", "critic")}
+        random = {role: module_tensors(model_from_config(cfg, device="cpu"))
+                  for role in ("student", "teacher", "critic")}
 
     def member(path: str, role: str, weights: str) -> dict:
         tensors = checkpoint(Path(path), role, weights)
         return {**base, **tensors} if read_manifest(path).get("trainer_state", {}).get("adapter_only") else tensors
 
     if resume:
-        out = {role: (member(ck.path, role, "live"), f"checkpoint.path {ck.path} ({role})") for role in ("student", "critic")}
+        out = {role: (member(ck.path, role, "live"), f"checkpoint.path {ck.path} ({role})")
+               for role in ("student", "critic")}
         teacher = sources["teacher"]
         out["teacher"] = (member(teacher["path"], "model", teacher["weights"]), f"teacher source {teacher['path']}") \
             if teacher is not None else ({**random["teacher"], **base}, "the seeded random teacher")
@@ -406,7 +408,7 @@ class Stage2:
 
         cfg, d = self.resolved.config, loop.dist
         sharded = loop.parts.sharded
-        if sharded:
+        if sharded and self.agree is None:
             def agree(calls: int) -> int:
                 count = torch.tensor([float(calls)], device=d.device if d.backend == "nccl" else "cpu")
                 return int(d.all_reduce(count, "rollout-forwards", op=torch.distributed.ReduceOp.MAX).item())

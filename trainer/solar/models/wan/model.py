@@ -159,9 +159,8 @@ class TeacherContext:
     so forwards over ``[clean | noisy]`` with the same clean latents, prompt and cameras see exactly
     these; a forward without grad given this context runs the noisy half alone."""
 
-    cache: KVCache
+    cache: KVCache                     # its tokens_per_frame: the clean half's
     frames: int
-    tokens_per_frame: int
     with_r: bool                       # built for calls that pass r_timestep (AnyFlow) or not
     mask: TokenMask                    # the teacher-forcing rule, queries = the noisy half
 
@@ -443,7 +442,7 @@ class WanDiT(nn.Module):
                   cams=self._cameras(cameras, frames, B), mask=clean_mask(frames, n, chunk, window, clean.device),
                   cache=cache, commit=True)
         full = teacher_forcing_mask(frames, n, chunk, window, device=clean.device)
-        return TeacherContext(cache, frames, n, with_r, full.queries_from(frames * n))
+        return TeacherContext(cache, frames, with_r, full.queries_from(frames * n))
 
     def _noisy_half(self, noisy, timestep, context: TeacherContext, cameras, r_timestep, condition):
         if torch.is_grad_enabled():
@@ -455,9 +454,9 @@ class WanDiT(nn.Module):
             noisy = torch.cat([noisy, condition], dim=1)
         tokens, grid = self._patchify(noisy)
         B, frames = noisy.shape[0], grid[0]
-        if (frames, grid[1] * grid[2]) != (context.frames, context.tokens_per_frame):
+        if (frames, grid[1] * grid[2]) != (context.frames, context.cache.tokens_per_frame):
             raise ValueError(f"the teacher-forcing context holds {context.frames} frames of "
-                             f"{context.tokens_per_frame} tokens, got {frames} of {grid[1] * grid[2]}")
+                             f"{context.cache.tokens_per_frame} tokens, got {frames} of {grid[1] * grid[2]}")
         t = self._frame_time(timestep, frames, B)
         r = None if r_timestep is None else self._frame_time(r_timestep, frames, B)
         out = self._run(tokens, context.cache.context, t_BF=t, r_BF=r,
