@@ -53,6 +53,9 @@ CASES = {
     "h3-anchor-level": (H3, ["train.fm.keyframe_anchor_t=0.99"],
                         "train.fm.keyframe_anchor_t=0.99: the MiniMax-H3 model embeds its keyframe anchor at "
                         "t = 0.999; use 0.999 or leave it unset"),
+    "h3-decode-latents": (H3, ["validation.decode_latents=2"],
+                          "validation.decode_latents=2: the minimax_h3 codec decodes 5n+2 latents with n >= 1; "
+                          "set 7, 12, 17, ..."),
     "h3-audio-loss": (H3, ["train.fm.audio_loss_weight=0.5"],
                       "train.fm.audio_loss_weight=0.5: MiniMax-H3 training has no audio loss"),
     "ltx-timestep-sampling": (LTX, ["train.fm.timestep_sampling=uniform"],

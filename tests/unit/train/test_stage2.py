@@ -35,7 +35,7 @@ def _setup(family, root):
     student, teacher, critic = (model_from_config(cfg, device="cpu") for _ in range(3))
     for p in teacher.parameters():
         p.requires_grad_(False)
-    state = Stage2(resolved, teacher, _role(critic, cfg.train.sgf.critic_optimizer), 0, None)
+    state = Stage2(resolved, teacher, _role(critic, cfg.train.sgf.critic_optimizer, "critic"), 0, None)
     if family == "minimax_h3":
         state.audio_silence = torch.randn(2, 6, student.cfg.audio_in_channels)
     d = student.cfg.dims

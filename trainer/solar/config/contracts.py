@@ -363,6 +363,10 @@ def _check_validation(cfg: RunConfig, route: Route, spec: FamilySpec) -> None:
             if p.weights == "ema" and not cfg.train.ema.enabled:
                 raise ConfigError(f"validation.passes.{i}.weights=ema but train.ema.enabled is false; "
                                   "enable train.ema or validate live weights")
+    shown = v.decode_latents
+    if shown is not None and spec.vae.temporal == "h3" and (shown < 7 or (shown - 2) % 5):
+        raise ConfigError(f"validation.decode_latents={shown}: the {spec.vae.name} codec decodes 5n+2 latents with "
+                          "n >= 1; set 7, 12, 17, ...")
     if not validation_active(cfg):
         return
     if cfg.action == "infer":

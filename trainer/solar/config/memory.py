@@ -4,9 +4,12 @@ What one GPU holds during a step, per role (``model``; Stage2: ``student``, ``cr
 ``teacher``) and per kind:
 
 - ``parameters``: trainable fp32 master weights (LoRA: the adapters), ``frozen``: weights that do not
-  train (a LoRA base, Stage2's teacher) in their storage dtype; ``gradients`` (fp32), ``optimizer``
-  (AdamW's two fp32 moments), ``ema`` (fp32 shadow of the trainable weights). Sharded runs divide
-  each by the shard group: every rank for ``full_shard``, the GPUs of a node for ``hybrid_shard``.
+  train (a LoRA base, Stage2's teacher) in their storage dtype (Stage2's LoRA roles share one base,
+  counted once under ``teacher``: the trainer shares it when the roles' bases are the same bytes, as
+  they are on a released base; a role whose base differs holds its own copy, not forecast here);
+  ``gradients`` (fp32), ``optimizer`` (AdamW's two fp32 moments), ``ema`` (fp32 shadow of the
+  trainable weights). Sharded runs divide each by the shard group: every rank for ``full_shard``,
+  the GPUs of a node for ``hybrid_shard``.
 - ``working``: bf16 copies the forward computes with. Unsharded under autocast, the cast of every
   trainable weight is cached for the whole forward (frozen weights are cast per use); sharded,
   FSDP2 gathers the weights of the running block and the next one, and a block's fp32 gradients
@@ -123,14 +126,18 @@ def _kv_cache(cfg, dims) -> int:
     return 2 * dims.num_layers * window * dims.num_heads * dims.head_dim * 2 * cfg.train.micro_batch_size
 
 
-def _states(cfg, *, trainable_role: bool, ema: bool, degree: int, bf16: bool, frozen_bf16: bool) -> dict[str, int]:
+def _states(cfg, *, trainable_role: bool, ema: bool, degree: int, bf16: bool, frozen_bf16: bool,
+            shared_base: bool = False) -> dict[str, int]:
+    """One role's states; ``shared_base``: Stage2's LoRA roles hold one base, counted under the
+    teacher (with the teacher's frozen adapter), none under the trained roles."""
     dims = effective_dims(cfg)
     lay = layout(cfg.model.family, dims, anyflow=cfg.train.objective == "anyflow_forward_map" and trainable_role)
     total = lay.total
     if cfg.model.training_mode == "lora":
         lora = cfg.model.lora
-        trainable = lay.lora(lora_pattern(list(lora.targets)), lora.rank) if trainable_role else 0
-        frozen = total
+        adapter = lay.lora(lora_pattern(list(lora.targets)), lora.rank)
+        trainable = adapter if trainable_role else 0
+        frozen = (0 if trainable_role else total + adapter) if shared_base else total
     else:
         trainable, frozen = (total, 0) if trainable_role else (0, total)
     share = lambda n: -(-n // degree)  # noqa: E731  (ceil: FSDP pads the last shard)
@@ -164,10 +171,13 @@ def forecast(resolved, *, gpu_memory_bytes: int, gpus_per_node: int = 8) -> Fore
     if route.stage == "stage2":
         sgf = cfg.train.sgf
         cache = _kv_cache(cfg, dims)
-        roles["student"] = _states(cfg, trainable_role=True, ema=ema, degree=degree, bf16=bf16, frozen_bf16=False)
-        roles["critic"] = _states(cfg, trainable_role=True, ema=False, degree=degree, bf16=bf16, frozen_bf16=False)
+        shared = cfg.model.training_mode == "lora"  # the trainer shares a base that is the same bytes
+        roles["student"] = _states(cfg, trainable_role=True, ema=ema, degree=degree, bf16=bf16, frozen_bf16=False,
+                                   shared_base=shared)
+        roles["critic"] = _states(cfg, trainable_role=True, ema=False, degree=degree, bf16=bf16, frozen_bf16=False,
+                                  shared_base=shared)
         roles["teacher"] = _states(cfg, trainable_role=False, ema=False, degree=degree, bf16=False,
-                                   frozen_bf16=bf16)
+                                   frozen_bf16=bf16, shared_base=shared)
         tokens["student"] = micro * -(-_sequence(cfg, 2 * sgf.rollout_latents) // sp)  # [committed | at exit]
         tokens["critic"] = micro * -(-_sequence(cfg, sgf.supervised_latents) // sp)
         # One role updates at a time, its gradients freed before its forward (zero_grad(set_to_none)):

@@ -129,9 +129,13 @@ def _local(t: torch.Tensor) -> torch.Tensor:
 
 
 def _lora_value(name: str, shape: tuple[int, ...], seed: int) -> torch.Tensor:
+    """A fresh adapter factor, seeded by the run's seed and its name as a single-role model has it (so
+    every role of a shared base starts as its own model would)."""
+    from solar.models.lora import single_name
+
     value = torch.zeros(shape)
     if ".lora_A." in name:
-        digest = hashlib.blake2s(f"{seed}:{name}".encode(), digest_size=8).digest()
+        digest = hashlib.blake2s(f"{seed}:{single_name(name)}".encode(), digest_size=8).digest()
         generator = torch.Generator().manual_seed(int.from_bytes(digest, "little") & ((1 << 63) - 1))
         torch.nn.init.kaiming_uniform_(value, a=math.sqrt(5), generator=generator)
     return value

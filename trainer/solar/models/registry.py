@@ -52,9 +52,10 @@ def expected_shapes(family: str, dims: Dims, *, anyflow: bool = False) -> dict[s
     return {k: tuple(v.shape) for k, v in model.state_dict().items()}
 
 
-def model_from_config(cfg, *, device: str | torch.device = "meta") -> torch.nn.Module:
+def model_from_config(cfg, *, device: str | torch.device = "meta",
+                      roles: tuple[str, ...] | None = None) -> torch.nn.Module:
     """The backbone a resolved run config describes (built on ``device``; meta by default), with LoRA
-    adapters attached for ``training_mode: lora``."""
+    adapters attached for ``training_mode: lora`` (one per role of ``roles`` sharing the base)."""
     from solar.config.contracts import effective_dims
 
     family = cfg.model.family
@@ -70,7 +71,8 @@ def model_from_config(cfg, *, device: str | torch.device = "meta") -> torch.nn.M
         from solar.models.lora import apply_lora
 
         lora = cfg.model.lora
-        apply_lora(model, family, rank=lora.rank, alpha=lora.alpha, targets=list(lora.targets), dropout=lora.dropout)
+        apply_lora(model, family, rank=lora.rank, alpha=lora.alpha, targets=list(lora.targets), dropout=lora.dropout,
+                   roles=roles)
     return model
 
 

@@ -56,10 +56,14 @@ def full(tensors: dict[str, torch.Tensor], staging=None, key: str = "") -> dict[
 
 
 def snapshot(model: torch.nn.Module, optimizer: torch.optim.Optimizer, names: list[str], *, sharded: bool,
-             adapter_only: bool, ema: dict[str, torch.Tensor] | None, staging=None, key: str = "model") -> dict:
+             adapter_only: bool, ema: dict[str, torch.Tensor] | None, staging=None, key: str = "model",
+             role: str | None = None) -> dict:
     """Everything a role saves, as full CPU tensors that training may no longer change (copies; with
     ``staging``, its buffers: wait for ``staging.ready()`` before reading them). Collective when
-    ``sharded``: call on every rank."""
+    ``sharded``: call on every rank. ``role``: the role's adapter in a model whose LoRA base several
+    roles share; it saves the base and its own adapter under a single-role model's names."""
+    from solar.models.lora import role_name, shared_name
+
     if sharded:
         from torch.distributed.checkpoint.state_dict import (
             StateDictOptions,
@@ -71,13 +75,16 @@ def snapshot(model: torch.nn.Module, optimizer: torch.optim.Optimizer, names: li
         weights = get_model_state_dict(model, options=options)
         optim = get_optimizer_state_dict(model, optimizer, options=options)
         # With cpu_offload only rank 0 receives the full state; the others get an empty mapping.
-        per_param = {name: optim.get("state", {}).get(name, {}) for name in names}
+        per_param = {name: optim.get("state", {}).get(shared_name(name, role) if role else name, {})
+                     for name in names}
         groups = optim.get("param_groups", [])
     else:
         weights = model.state_dict()
         state = optimizer.state_dict()
         per_param = {names[i]: entry for i, entry in state["state"].items()}
         groups = state["param_groups"]
+    if role:
+        weights = {own: v for k, v in weights.items() if (own := role_name(k, role)) is not None}
     if adapter_only:
         weights = {k: v for k, v in weights.items() if ".lora_" in k}
     def copy(name: str, k: str, v):

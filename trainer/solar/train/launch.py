@@ -54,6 +54,11 @@ def train(config: str, sets: Sequence[str]) -> int:
             from solar.train.stage2 import build_stage2
 
             parts, stage2 = build_stage2(resolved, d.rank, d.device, world=d.world, local_world=d.local_world, sp=sp)
+            session.events.write("models", rank=d.rank, models=stage2.models)
+            shared = [m["roles"] for m in stage2.models if len(m["roles"]) > 1]
+            if shared and d.rank == 0:
+                print(f"solar: Stage2 roles {', '.join(shared[0])} share one LoRA base (the same bytes); each has "
+                      "its own adapter", file=sys.stderr)
             loop = Loop(resolved, d, parts, out, *common, stage2=stage2, term="critic")
         else:
             from solar.train.objective import objective_for

@@ -23,8 +23,10 @@ noise (chunk by chunk, level by level), score levels, score noise.
 from __future__ import annotations
 
 import contextlib
+import hashlib
 import json
 import math
+import os
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -35,7 +37,8 @@ from solar.config.contracts import checkpoint_contract
 from solar.launch import precision
 from solar.launch.batch import Batch, collate
 from solar.launch.distributed import CollectiveFailure
-from solar.launch.materialize import checkpoint, materialize, module_tensors, released
+from solar.launch.materialize import Lazy, checkpoint, materialize, module_tensors, released
+from solar.models.lora import active, adapters_of, role_name, shared_name
 from solar.models.registry import model_from_config
 from solar.models.weights import WeightsError
 from solar.objectives import dmd, fm
@@ -46,6 +49,7 @@ from solar.train.schedule import lr_at
 from solar.train.sources import check_roles, fm_objective, role_problem
 
 N = fm.NUM_TRAIN_TIMESTEPS
+ROLES = ("student", "teacher", "critic")  # the order roles are built in (a shared model's first is active)
 
 
 # --- building the three roles -----------------------------------------------------------------
@@ -79,19 +83,84 @@ def _role_tensors(cfg, ck, resume: bool, sources: dict) -> dict[str, tuple[dict,
     return {role: ({**random[role], **base}, f"the seeded random {role}") for role in ("student", "teacher", "critic")}
 
 
+def _same(a: Lazy, b: Lazy, digests: dict[int, str]) -> bool:
+    """Whether two lazy tensors hold the same bytes: the same source member, else equal digests."""
+    if a is b or (a.file is not None and (a.file, a.key) == (b.file, b.key)) or \
+            (a.tensor is not None and a.tensor is b.tensor):
+        return True
+    if a.shape != b.shape:
+        return False
+
+    def digest(lazy: Lazy) -> str:
+        if id(lazy) not in digests:
+            t = lazy.read().contiguous()
+            digests[id(lazy)] = f"{t.dtype}:" + hashlib.blake2b(t.view(torch.uint8).numpy().tobytes(),
+                                                                 digest_size=16).hexdigest()
+        return digests[id(lazy)]
+
+    return digest(a) == digest(b)
+
+
+def _base_groups(cfg, tensors: dict[str, dict[str, Lazy]]) -> list[tuple[str, ...]]:
+    """The roles that build one model together: under LoRA, the roles whose frozen base holds the same
+    bytes (checked, not assumed: the same source member or equal digests) share one base and differ
+    only in their adapters; every other role (and every role of a full-weights run) has its own."""
+    if cfg.model.training_mode != "lora" or os.environ.get("SOLAR_SHARED_LORA_BASE") == "0":
+        return [(role,) for role in ROLES]
+    base = [k for k in model_from_config(cfg, device="meta").state_dict() if ".lora_" not in k]
+    digests: dict[int, str] = {}
+    groups: list[list[str]] = []
+    for role in ROLES:
+        mine = tensors[role]
+        for group in groups:
+            theirs = tensors[group[0]]
+            if all(k in mine and k in theirs and _same(theirs[k], mine[k], digests) for k in base):
+                group.append(role)
+                break
+        else:
+            groups.append([role])
+    return [tuple(g) for g in groups]
+
+
+def _group_tensors(group: tuple[str, ...], tensors: dict[str, dict[str, Lazy]]) -> dict[str, Lazy]:
+    """One shared model's sources: the base once (the teacher's where it is in the group; the others
+    hold the same bytes) and each role's adapters under its own name."""
+    first = "teacher" if "teacher" in group else group[0]
+    out = {k: v for k, v in tensors[first].items() if ".lora_" not in k}
+    for role in group:
+        out.update({shared_name(k, role): v for k, v in tensors[role].items() if ".lora_" in k})
+    return out
+
+
+def _models_record(groups: list[tuple[str, ...]], models: dict[str, torch.nn.Module]) -> list[dict]:
+    """What each model holds on this rank (its local shards): the roles it serves and its bytes."""
+    def local(t: torch.Tensor) -> torch.Tensor:
+        return t.to_local() if hasattr(t, "to_local") else t
+
+    return [{"roles": list(group),
+             "parameter_bytes": sum(local(p).numel() * p.element_size() for p in models[group[0]].parameters())}
+            for group in groups]
+
+
 @dataclass
 class Role:
     model: torch.nn.Module
-    names: list[str]
+    names: list[str]                       # as the role's own model names them (what it saves)
     params: dict[str, torch.nn.Parameter]
     optimizer: torch.optim.Optimizer
+    adapter: str | None = None             # its adapter's name when the model holds several roles
 
 
-def _role(model, opt) -> Role:
-    params = {n: p for n, p in model.named_parameters() if p.requires_grad}
+def _role(model, opt, role: str) -> Role:
+    adapter = role if adapters_of(model) is not None else None
+    params = {}
+    for name, p in model.named_parameters():
+        own = role_name(name, role) if adapter else name
+        if p.requires_grad and own is not None:
+            params[own] = p
     optimizer = torch.optim.AdamW(list(params.values()), lr=opt.lr, betas=tuple(opt.betas), eps=opt.eps,
                                   weight_decay=opt.weight_decay)
-    return Role(model, list(params), params, optimizer)
+    return Role(model, list(params), params, optimizer, adapter)
 
 
 def build_stage2(resolved, rank: int, device: torch.device, *, world: int = 1, local_world: int | None = None,
@@ -136,44 +205,60 @@ def build_stage2(resolved, rank: int, device: torch.device, *, world: int = 1, l
     torch.manual_seed(cfg.train.seed)
     random.seed(cfg.train.seed * 1_000_003 + rank)
     tensors = _role_tensors(cfg, ck, resume, sources)
-    # Each role is built on the meta device; the teacher takes its storage dtype there: bf16 when the
-    # run computes in bf16 (half its memory; autocast casts its weights to bf16 for every matmul
+    groups = _base_groups(cfg, {role: t for role, (t, _) in tensors.items()})
+    # Each model is built on the meta device: one per group of roles sharing a LoRA base, else one per
+    # role. What does not train there (the teacher, a shared base) takes its storage dtype: bf16 when
+    # the run computes in bf16 (half its memory; autocast casts weights to bf16 for every matmul
     # anyway), fp32 otherwise. Then each is materialised on the device and filled from its sources.
     from solar.launch.precision import computes_in_bf16
     from solar.train import parallelize
 
-    models = {role: model_from_config(cfg, device="meta") for role in ("student", "teacher", "critic")}
-    if computes_in_bf16(cfg, device):
-        models["teacher"].to(dtype=torch.bfloat16)
     mesh = None
-    if sharded:  # one mesh for the three roles: each is sharded over it, the teacher without optimizer state
+    if sharded:  # one mesh for every model: each is sharded over it, frozen weights without optimizer state
         from solar.launch.precision import fsdp_policy
 
         mesh = parallelize.device_mesh(world=world, local_world=local_world or world,
                                        strategy=cfg.distributed.sharding, device=device)
-    for role, model in models.items():
+    models: dict[str, torch.nn.Module] = {}
+    for group in groups:
+        model = model_from_config(cfg, device="meta", roles=group if len(group) > 1 else None)
+        if group == ("teacher",):
+            model.requires_grad_(False)
+            if computes_in_bf16(cfg, device):
+                model.to(dtype=torch.bfloat16)
+        elif "teacher" in group:  # the teacher's adapter is frozen too; the base and it in storage dtype
+            for name, param in model.named_parameters():
+                if role_name(name, "teacher") is not None:
+                    param.requires_grad_(False)
+            if computes_in_bf16(cfg, device):
+                for module in model.modules():
+                    for name, param in module.named_parameters(recurse=False):
+                        if not param.requires_grad:
+                            module.register_parameter(name, torch.nn.Parameter(param.to(torch.bfloat16),
+                                                                               requires_grad=False))
         if sp is not None and sp.size > 1:
             model.set_sequence_parallel(sp)
-        if role != "teacher" and cfg.distributed.activation_checkpointing:
+        if group != ("teacher",) and cfg.distributed.activation_checkpointing:
             parallelize.apply_activation_checkpointing(
                 model, policy=cfg.distributed.activation_checkpointing_policy,
                 skip_blocks=cfg.distributed.activation_checkpointing_skip_blocks)
-        if role == "teacher":
-            model.requires_grad_(False)
         if cfg.runtime.compile and device.type == "cuda":  # each block, as the single-model routes do
             parallelize.apply_compile(model)
         if mesh is not None:
             parallelize.apply_fsdp(model, mesh, policy=fsdp_policy(cfg, device))
-        where, drop_delta = tensors[role][1], role == "student" and ck.mode == "roles"
+        source = tensors[group[0]][0] if len(group) == 1 else _group_tensors(group, {r: tensors[r][0] for r in group})
+        where = "; ".join(tensors[r][1] for r in group)
         try:
-            materialize(model, device, tensors[role][0], where=where, drop_delta=drop_delta, lora_seed=cfg.train.seed)
+            materialize(model, device, source, where=where, drop_delta="student" in group and ck.mode == "roles",
+                        lora_seed=cfg.train.seed)
         except WeightsError as exc:
             raise CheckpointError(str(exc)) from None
-    teacher = models["teacher"].eval()
-    for p in teacher.parameters():
-        p.requires_grad_(False)
-    student = _role(models["student"], cfg.train.optimizer)
-    critic = _role(models["critic"], cfg.train.sgf.critic_optimizer or cfg.train.optimizer)
+        models.update({role: model for role in group})
+    teacher = models["teacher"]
+    if adapters_of(teacher) is None:
+        teacher.eval()
+    student = _role(models["student"], cfg.train.optimizer, "student")
+    critic = _role(models["critic"], cfg.train.sgf.critic_optimizer or cfg.train.optimizer, "critic")
     e = cfg.train.ema
     ema = EMA(student.params, decay=e.decay, start_step=e.start_step, warmup_steps=e.warmup_steps, enabled=e.enabled)
     start_step, student_step, data_state = 0, 0, None
@@ -197,7 +282,8 @@ def build_stage2(resolved, rank: int, device: torch.device, *, world: int = 1, l
     stream = train_stream(cfg, rank, data_state)
     parts = Parts(student.model, student.names, student.params, student.optimizer, ema, stream, start_step, init,
                   adapter_only=bool(cfg.model.pretrained_path) and cfg.model.training_mode == "lora", sharded=sharded)
-    state = Stage2(resolved, teacher, critic, student_step, sources.get("teacher"))
+    state = Stage2(resolved, teacher, critic, student_step, sources.get("teacher"), student.adapter)
+    state.models = _models_record(groups, models)
     return parts, state
 
 
@@ -227,8 +313,10 @@ class Conditions:
 
 
 class Stage2:
-    def __init__(self, resolved, teacher, critic: Role, student_step: int, teacher_source: dict | None) -> None:
+    def __init__(self, resolved, teacher, critic: Role, student_step: int, teacher_source: dict | None,
+                 student_adapter: str | None = None) -> None:
         self.resolved, self.teacher, self.critic = resolved, teacher, critic
+        self.student_adapter = student_adapter
         self.student_step = student_step
         self.teacher_source = teacher_source
         cfg = resolved.config
@@ -240,6 +328,21 @@ class Stage2:
             from solar.launch.conditions import negative_prompt
 
             self.negative = negative_prompt(cfg, "train.sgf.real_guidance_scale != 1")
+
+    @contextlib.contextmanager
+    def _acting(self, model, role: str):
+        """``model``'s calls inside act as ``role``: its adapter on a shared base, and the teacher in
+        eval mode there (its own model is always in eval mode)."""
+        with active(model, role):
+            if role != "teacher" or adapters_of(model) is None:
+                yield
+                return
+            training = model.training
+            model.eval()
+            try:
+                yield
+            finally:
+                model.train(training)
 
     # conventions: every model below returns a velocity in sigma (dx/dsigma), fed levels in raw units
     def _velocity(self, model, x, level_BF, cond: Conditions, *, negative=False, chunk=None, cache=None,
@@ -290,6 +393,10 @@ class Stage2:
     def rollout(self, student, batch: Batch, cond: Conditions, gen: torch.Generator, *, grad: bool) -> torch.Tensor:
         """The student's rollout [B, C, R, h, w]: no-grad chunked pass to each chunk's exit, then
         (with ``grad``) the teacher-forced replay that carries the gradient."""
+        with self._acting(student, "student"):
+            return self._rollout(student, batch, cond, gen, grad=grad)
+
+    def _rollout(self, student, batch: Batch, cond: Conditions, gen: torch.Generator, *, grad: bool) -> torch.Tensor:
         x0 = batch.latents
         B, C, _, h, w = x0.shape
         device = x0.device
@@ -364,12 +471,15 @@ class Stage2:
         noisy, level_f, _ = self._score_noise(output.detach(), cond, gen)
         sig = (level_f / N)[:, None, :, None, None]
         with torch.no_grad():
-            fake = noisy - sig * self._velocity(self.critic.model, noisy, level_f, cond, cams=cams)
-            real = noisy - sig * self._velocity(self.teacher, noisy, level_f, cond, cams=cams)
-            g = self.sgf.real_guidance_scale or 1.0
-            if g != 1.0:
-                uncond = noisy - sig * self._velocity(self.teacher, noisy, level_f, cond, negative=True, cams=cams)
-                real = dmd.guided(real, uncond, g)
+            with self._acting(self.critic.model, "critic"):
+                fake = noisy - sig * self._velocity(self.critic.model, noisy, level_f, cond, cams=cams)
+            with self._acting(self.teacher, "teacher"):
+                real = noisy - sig * self._velocity(self.teacher, noisy, level_f, cond, cams=cams)
+                g = self.sgf.real_guidance_scale or 1.0
+                if g != 1.0:
+                    uncond = noisy - sig * self._velocity(self.teacher, noisy, level_f, cond, negative=True,
+                                                          cams=cams)
+                    real = dmd.guided(real, uncond, g)
             mask = self._mask(output)
             gradient = dmd.kl_gradient(fake, real, output, mask)
         loss = dmd.student_loss(output, gradient, mask)
@@ -380,11 +490,13 @@ class Stage2:
         S = self.sgf.supervised_latents
         output = self.rollout(student, batch, cond, gen, grad=False)[:, :, :S]
         noisy, level_f, eps = self._score_noise(output, cond, gen)
-        v = self._velocity(self.critic.model, noisy, level_f, cond, cams=cond.cameras[:, :S])
+        with self._acting(self.critic.model, "critic"):
+            v = self._velocity(self.critic.model, noisy, level_f, cond, cams=cond.cameras[:, :S])
         return dmd.critic_loss(v, eps - output, self._mask(output)), {"score_level": float(level_f[:, -1].mean())}
 
     # --- one outer step --------------------------------------------------------------------
     audio_silence: torch.Tensor | None = None
+    models: list[dict] = []  # built models: the roles each serves and its bytes on this rank
     agree = None  # sharded: (this rank's rollout chunk forwards) -> the most of any rank
 
     def _batches(self, loop, step: int):
@@ -491,9 +603,10 @@ class Stage2:
         if p.sharded or d.rank == 0:  # gathered on rank 0: a collective with FSDP2, every rank takes part
             shadow, meta = p.ema.state()
             student = io.snapshot(p.model, p.optimizer, p.names, sharded=p.sharded, adapter_only=p.adapter_only,
-                                  ema=shadow, staging=staging, key="student")
+                                  ema=shadow, staging=staging, key="student", role=self.student_adapter)
             critic = io.snapshot(self.critic.model, self.critic.optimizer, self.critic.names, sharded=p.sharded,
-                                 adapter_only=p.adapter_only, ema=None, staging=staging, key="critic")
+                                 adapter_only=p.adapter_only, ema=None, staging=staging, key="critic",
+                                 role=self.critic.adapter)
             if d.rank == 0:
                 roles = [cs.RoleCapture("student", student, p.names, ["live", "ema"] if p.ema.exists else ["live"]),
                          cs.RoleCapture("critic", critic, self.critic.names, ["live"])]
