@@ -214,6 +214,10 @@ def test_h3_pipeline_under_torchrun(tmp_path):
         "train.max_steps=6", "runtime.save_every=6", "runtime.validate_every=6", "runtime.validation_steps=[]"), nproc=4))
     doc = _complete(s2 / "validation" / "step_00000006")
     assert doc["passes"] == ["live-self-forcing4", "ema-self-forcing4"]  # EMA from student update 1 (tiny)
+    # the roles' frozen bases come from two checkpoints (whole weights, no released base), equal by digest
+    models = [e["models"] for e in map(json.loads, (s2 / "events" / "rank-00000.jsonl").read_text().splitlines())
+              if e["event"] == "models"]
+    assert [[m["roles"] for m in group] for group in models] == [[["student", "teacher", "critic"]]]
     assert result(s2)["status"] == "complete"
     m = json.loads((s2 / "validation" / "step_00000006" / "live-self-forcing4" / "slot_000000" / "manifest.json")
                    .read_text())
