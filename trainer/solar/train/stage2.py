@@ -437,7 +437,8 @@ class Stage2:
                         fresh = torch.randn(x0_hat.shape, generator=gen).to(device)
                         x = self._pin((1 - nxt) * x0_hat + nxt * fresh, cond, lo)
                 committed[:, :, lo:hi] = x0_hat
-                student.commit_chunk(x0_hat, cache, cameras=cams)
+                if c < chunks - 1:  # the last chunk's keys and values would never be read
+                    student.commit_chunk(x0_hat, cache, cameras=cams)
             for _ in range(padding):  # read-only forwards over the last chunk: the cache is unchanged
                 self._velocity(student, x, t, cond, cache=cache, cams=cams)
         if not grad:
