@@ -84,8 +84,11 @@ def render(summary: dict, operator_table: str) -> str:
     for name, v in s["phases"].items():
         label = "  " * name.count("/") + name.rsplit("/", 1)[-1]
         lines.append(f"{label:<48} {v['gpu_ms']:>9.1f}  {pct(v['gpu_ms'])} {v['cpu_ms']:>8.1f} {v['count']:>6}")
-    lines.append(f"{'(kernels outside every phase: backward, ...)':<48} {s['gpu_ms_outside_phases']:>9.1f}  "
-                 f"{pct(s['gpu_ms_outside_phases'])}")
+    if s["gpu_ms_outside_phases"] >= 0:
+        lines.append(f"{'(kernels outside every phase: backward, ...)':<48} {s['gpu_ms_outside_phases']:>9.1f}  "
+                     f"{pct(s['gpu_ms_outside_phases'])}")
+    else:   # spans count the GPU's idle time inside them: the step waits on the host
+        lines.append("(the phases' spans exceed the kernel time: the GPU idles inside them, waiting on the host)")
     lines += ["", "kernel kind      GPU ms    share"]
     lines += [f"{k:<14} {ms:>9.1f}  {pct(ms)}" for k, ms in s["kinds"].items()]
     lines += ["", f"top {TOP_KERNELS} kernels                                                         GPU ms    share  "
