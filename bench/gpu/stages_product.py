@@ -6,7 +6,9 @@ compile) and ``memory.cuda_peak_bytes`` (``torch.cuda.max_memory_allocated``). A
 validates one test row with every pass of the config at step 1 and reads the validation event.
 
 Stage2's three 5B roles do not fit one GPU unsharded: its cases cut ``model.dims.num_layers`` (5
-and 10 blocks) and the recipe table extrapolates to 30, saying so. A case named ``*_before`` runs
+and 10 blocks) and the recipe table extrapolates to 30, saying so. A ``*_profile`` case sets
+``runtime.profile_steps`` and carries the trainer's profile summaries (``profile/*.json``) in its
+result. A case named ``*_before`` runs
 the trainer of the tree at ``$BENCH_BASE`` (another checkout's ``trainer/``) with the same config, so
 a change is measured against what it replaces in one call. Compiled cases log recompiles and graph
 breaks (``TORCH_LOGS``) and report their count.
@@ -40,17 +42,25 @@ CASES = {
     "s05_153f": (f"{WAN}/train_stage0p5_fm_153f.yaml", [], 6),
     "s1_anyflow": (f"{WAN}/train_stage1_tf_anyflow_81f.yaml", S1, 8),
     "s1_anyflow_before": (f"{WAN}/train_stage1_tf_anyflow_81f.yaml", S1, 6),
-    "s1_anyflow_compile": (f"{WAN}/train_stage1_tf_anyflow_81f.yaml", S1 + COMPILE, 10),
+    "s1_anyflow_compile": (f"{WAN}/train_stage1_tf_anyflow_81f.yaml", S1 + COMPILE, 8),
+    # runtime.profile_steps: the trainer's own torch.profiler tables (steady steps)
+    "s1_anyflow_profile": (f"{WAN}/train_stage1_tf_anyflow_81f.yaml", S1 + ["runtime.profile_steps=[4]"], 4),
     "s1_anyflow_save_attention": (f"{WAN}/train_stage1_tf_anyflow_81f.yaml",
                                   S1 + ["distributed.activation_checkpointing_policy=save_attention"], 8),
     "s1_tffm": (f"{WAN}/train_stage1_tf_fm_81f.yaml", S1, 6),
     # student updates at outer steps 6, 11, 16 (the first allocates AdamW's state: left out)
     "s2_l5": (f"{WAN}/train_stage2_sgf_81f.yaml", S2 + ["model.dims.num_layers=5"], 17),
     "s2_l10": (f"{WAN}/train_stage2_sgf_81f.yaml", S2 + ["model.dims.num_layers=10"], 17),
+    # step 10: a critic update alone; step 11: a student update (its second) and a critic update
+    "s2_l5_profile": (f"{WAN}/train_stage2_sgf_81f.yaml", S2 + ["model.dims.num_layers=5",
+                                                                 "runtime.profile_steps=[10,11]"], 11),
     "s2_l5_compile": (f"{WAN}/train_stage2_sgf_81f.yaml", S2 + COMPILE + ["model.dims.num_layers=5"], 17),
     "s2_l10_compile": (f"{WAN}/train_stage2_sgf_81f.yaml", S2 + COMPILE + ["model.dims.num_layers=10"], 17),
     "val_s05": (f"{WAN}/train_stage0p5_fm_81f.yaml", VALIDATE, 1),
     "val_s1": (f"{WAN}/train_stage1_tf_anyflow_81f.yaml", S1 + VALIDATE, 1),
+    # the 4-step pass alone (an EMA pass computes the same as its live twin)
+    "val_s1_flowmap4": (f"{WAN}/train_stage1_tf_anyflow_81f.yaml", S1 + VALIDATE + [
+        "validation.passes=[{name: live-flowmap4, weights: live, solver: flowmap, steps: 4}]"], 1),
 }
 WARM = 2
 LIMIT = float(os.environ.get("BENCH_CASE_LIMIT", "420"))
@@ -76,6 +86,8 @@ def _compile_log(log: str) -> dict:
 def run(name: str) -> dict:
     config, extra, want = CASES[name]
     validating = name.startswith("val_")
+    listed = next((e.split("=", 1)[1] for e in extra if e.startswith("runtime.profile_steps=")), "[]")
+    profiles_wanted = len(json.loads(listed))
     sets, out = prepare(WORK, name, extra)
     env = dict(os.environ)
     if name.endswith("_before"):
@@ -97,7 +109,8 @@ def run(name: str) -> dict:
             events = _events(events_path)
             steps = [e for e in events if e["event"] == "step"]
             validations = [e for e in events if e["event"] == "validation"]
-            if (validations if validating else len(steps) >= want):
+            profiled = len(list((out / "profile").glob("*.json")))   # a profiled step's files come after its event
+            if (validations if validating else len(steps) >= want and profiled >= profiles_wanted):
                 break
             time.sleep(1)
         if proc.poll() is None:
@@ -108,13 +121,20 @@ def run(name: str) -> dict:
     rank_text = rank_log.read_text(errors="replace") if rank_log.exists() else ""
     result = {"case": name, "config": config, "sets": extra, "wall_seconds": round(time.time() - started, 1)}
     if "runtime.compile=true" in extra:
-        result["compile"] = _compile_log(rank_text)
+        result["compile"] = _compile_log(text + "\n" + rank_text)   # TORCH_LOGS writes to the process's stderr
         text = text + rank_text
+    profiles = sorted((out / "profile").glob("*.json"))
+    if profiles:
+        result["profiles"] = [json.loads(p.read_text()) for p in profiles]
     if validating:
+        # the validation's own per-slot lines: "solar: PASS slot 1/1 (SAMPLE) 12.3s" (generation, decode, files)
+        slots = [ln.split("solar: ", 1)[1] for ln in rank_text.splitlines() if " slot " in ln and ln.endswith("s")
+                 and "solar: " in ln and "validation step" not in ln]
         if not validations:
-            return {**result, "error": "no validation event", "log": text[-1500:]}
+            return {**result, "error": "no validation event", "slot_lines": slots, "log": text[-1500:]}
         v = validations[0]
-        return {**result, "validation_seconds": round(v["seconds"], 2),
+        return {**result, "validation_seconds": round(v["seconds"], 2), "slot_lines": slots,
+                "train_step_seconds": [round(e["step_seconds"], 3) for e in steps],
                 "validation": {k: v[k] for k in v if k not in ("event", "time")}}
     if len(steps) < want:
         return {**result, "error": f"{len(steps)} steps", "log": text[-1500:]}

@@ -304,6 +304,10 @@ class RuntimeBlock(Block):
     device: Literal["auto", "cpu", "cuda"] = Field("auto", description="Device (auto: cuda if present).")
     deterministic: bool = Field(False, description="Deterministic algorithms (bit-exact CPU resume).")
     compile: bool = Field(False, description="torch.compile each block.")
+    profile_steps: list[PosInt] = Field(
+        default_factory=list, description="Profile these optimizer steps with torch.profiler; each rank writes "
+                                          "profile/rank-NNNNN-step-NNNNNNNN.txt/.json (GPU time by phase, kernel "
+                                          "and operator) in the run directory. Off when empty.")
     async_checkpoint: bool = Field(
         False, description="Copy checkpoint state to reused (pinned) host buffers, write it in a background "
                            "thread and commit when every rank's files are written; training goes on meanwhile.")

@@ -34,6 +34,7 @@ from solar.train import faults
 from solar.train.faults import Fault
 from solar.train.gradients import sync_and_clip
 from solar.train.metrics import observe_step
+from solar.train.profiling import StepProfiler, phase
 from solar.train.schedule import lr_at
 from solar.train.setup import Parts, contract_of
 
@@ -136,10 +137,11 @@ class Loop:
                 if self.fault and self.fault.fires("oom", step, d.rank):
                     raise torch.OutOfMemoryError(f"injected fault (SOLAR_INJECT_FAULT): CUDA out of memory. Tried "
                                                  f"to allocate 20.00 GiB at step {step}")
-                with self.compute_dtype():
+                with self.compute_dtype(), phase("forward"):
                     loss, recs = self.objective(p.model, batch, step, micro)
                 self.heartbeat.update(phase="backward", step=step)
-                (loss / accum).backward()
+                with phase("backward"):
+                    (loss / accum).backward()
             except Exception as exc:  # noqa: BLE001 - reported to every rank at the step's exchange
                 self.events.write("exception", durable=True, step=step, rank=d.rank, error=describe(exc),
                                   error_type=error_type_of(exc), traceback=traceback.format_exc(limit=-6))
@@ -217,12 +219,15 @@ class Loop:
                        f"{worst['start_frame']}, timestep {worst['timestep']:.4g})", "non_finite")
         d.exchange_error(*(failure or (None, "error")))
         self.heartbeat.update(phase="grad-sync", step=step)
-        norm = self.sync_and_clip(step)
+        with phase("clip"):
+            norm = self.sync_and_clip(step)
         if not math.isfinite(norm):
             raise CollectiveFailure(f"non-finite gradient norm {norm} at step {step}; the step was refused",
                                     "non_finite")
-        p.optimizer.step()
-        p.ema.update(step)
+        with phase("optimizer"):
+            p.optimizer.step()
+        with phase("ema"):
+            p.ema.update(step)
         seconds = time.perf_counter() - started
         total = torch.tensor([local], device=d.device if d.backend == "nccl" else "cpu")
         d.all_reduce(total, "loss-mean")
@@ -462,8 +467,11 @@ class Loop:
             self.validate(start)
         if start == max_steps and d.rank == 0:  # killed after its last checkpoint: nothing left to train
             sys.stderr.write(f"solar: checkpoint step {start} is train.max_steps; nothing left to train\n")
+        profiler = StepProfiler(self.out, cfg.runtime.profile_steps, d.rank, d.device)
         for step in range(start + 1, max_steps + 1):
+            prof = profiler.start(step)
             event = self.step(step)
+            profiler.finish(prof, step, event["step_seconds"])
             progress.show(event)
             saved = False
             self.poll_save()

@@ -121,6 +121,7 @@ def _wan_velocity(model, x0: torch.Tensor, batch: Batch, neg: torch.Tensor | Non
     with compiled blocks: on the H200 a compiled 5B Stage1 step with the context had not finished
     its first step after 395 s (bench/RESULTS.md), so compiled runs keep the full-sequence forwards."""
     from solar.train.parallelize import is_compiled
+    from solar.train.profiling import phase
 
     reuse = (clean_context and hasattr(model, "teacher_context") and getattr(model, "sp", None) is None
              and not is_compiled(model))
@@ -128,14 +129,19 @@ def _wan_velocity(model, x0: torch.Tensor, batch: Batch, neg: torch.Tensor | Non
 
     def velocity(z, t_raw, r_raw, negative_prompt):
         prompt = neg if negative_prompt else batch.prompt
-        if not reuse or torch.is_grad_enabled():
+        grad = torch.is_grad_enabled()
+        if not reuse or grad:
             held.clear()
-            return model.forward_teacher_forcing(x0, z, t_raw, prompt, cameras=batch.cameras, r_timestep=r_raw)
+            with phase("forward/" + ("with-grad" if grad else "without-grad-full")):
+                return model.forward_teacher_forcing(x0, z, t_raw, prompt, cameras=batch.cameras, r_timestep=r_raw)
         if negative_prompt not in held:
             held.clear()
-            held[negative_prompt] = model.teacher_context(x0, prompt, cameras=batch.cameras, with_r=r_raw is not None)
-        return model.forward_teacher_forcing(x0, z, t_raw, prompt, cameras=batch.cameras, r_timestep=r_raw,
-                                             context=held[negative_prompt])
+            with phase("forward/clean-context"):
+                held[negative_prompt] = model.teacher_context(x0, prompt, cameras=batch.cameras,
+                                                              with_r=r_raw is not None)
+        with phase("forward/without-grad-noisy-half"):
+            return model.forward_teacher_forcing(x0, z, t_raw, prompt, cameras=batch.cameras, r_timestep=r_raw,
+                                                 context=held[negative_prompt])
 
     return velocity
 

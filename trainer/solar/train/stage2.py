@@ -45,6 +45,7 @@ from solar.objectives import dmd, fm
 from solar.storage.checkpoints import CheckpointError, read_manifest, require_valid
 from solar.train import checkpoint_io as io
 from solar.train.ema import EMA
+from solar.train.profiling import phase
 from solar.train.schedule import lr_at
 from solar.train.sources import check_roles, fm_objective, role_problem
 
@@ -412,7 +413,8 @@ class Stage2:
         committed = torch.zeros_like(noise)
         at_exit = torch.zeros_like(noise)
         exit_level = torch.zeros(B, R, device=device)
-        with torch.no_grad(), _without_sp(student):
+        label = ("student" if grad else "critic") + "-forward/rollout-chunks"
+        with torch.no_grad(), _without_sp(student), phase(label):
             if self.h3:
                 cache = student.new_cache(cond.prompt, anchor=cond.anchor, audio=cond.audio,
                                           audio_timestep=1.0 if cond.t_audio is None else cond.t_audio,
@@ -443,7 +445,8 @@ class Stage2:
                 self._velocity(student, x, t, cond, cache=cache, cams=cams)
         if not grad:
             return committed
-        v = self._velocity(student, at_exit, exit_level, cond, clean=committed, cams=cond.cameras)
+        with phase("student-forward/rollout-replay-with-grad"):
+            v = self._velocity(student, at_exit, exit_level, cond, clean=committed, cams=cond.cameras)
         return self._pin(at_exit - (exit_level / N)[:, None, :, None, None] * v, cond)
 
     def _score_noise(self, x: torch.Tensor, cond: Conditions, gen: torch.Generator):
@@ -472,15 +475,16 @@ class Stage2:
         noisy, level_f, _ = self._score_noise(output.detach(), cond, gen)
         sig = (level_f / N)[:, None, :, None, None]
         with torch.no_grad():
-            with self._acting(self.critic.model, "critic"):
+            with phase("student-forward/critic-score"), self._acting(self.critic.model, "critic"):
                 fake = noisy - sig * self._velocity(self.critic.model, noisy, level_f, cond, cams=cams)
-            with self._acting(self.teacher, "teacher"):
+            with phase("student-forward/teacher-score"), self._acting(self.teacher, "teacher"):
                 real = noisy - sig * self._velocity(self.teacher, noisy, level_f, cond, cams=cams)
-                g = self.sgf.real_guidance_scale or 1.0
-                if g != 1.0:
+            g = self.sgf.real_guidance_scale or 1.0
+            if g != 1.0:
+                with phase("student-forward/teacher-score-unconditional"), self._acting(self.teacher, "teacher"):
                     uncond = noisy - sig * self._velocity(self.teacher, noisy, level_f, cond, negative=True,
                                                           cams=cams)
-                    real = dmd.guided(real, uncond, g)
+                real = dmd.guided(real, uncond, g)
             mask = self._mask(output)
             gradient = dmd.kl_gradient(fake, real, output, mask)
         loss = dmd.student_loss(output, gradient, mask)
@@ -491,7 +495,7 @@ class Stage2:
         S = self.sgf.supervised_latents
         output = self.rollout(student, batch, cond, gen, grad=False)[:, :, :S]
         noisy, level_f, eps = self._score_noise(output, cond, gen)
-        with self._acting(self.critic.model, "critic"):
+        with phase("critic-forward/critic-with-grad"), self._acting(self.critic.model, "critic"):
             v = self._velocity(self.critic.model, noisy, level_f, cond, cams=cond.cameras[:, :S])
         return dmd.critic_loss(v, eps - output, self._mask(output)), {"score_level": float(level_f[:, -1].mean())}
 
@@ -534,20 +538,23 @@ class Stage2:
         for micro, batch in self._batches(loop, step):
             gen = fm.step_generator(cfg.train.seed, step, d.dp_rank, micro, purpose=role)
             loop.heartbeat.update(phase=f"{role}-forward", step=step)
-            with precision.autocast(cfg, d.device, sharded=sharded):
+            with precision.autocast(cfg, d.device, sharded=sharded), phase(f"{role}-forward"):
                 loss, extra = loss_fn(loop.parts.model, batch, gen)
             loop.heartbeat.update(phase=f"{role}-backward", step=step)
-            (loss / accum).backward()
+            with phase(f"{role}-backward"):
+                (loss / accum).backward()
             total += float(loss.detach()) / accum
             records += [{**ident, "role": role} for ident in batch.identities]
         bad = None if math.isfinite(total) else f"non-finite {role} loss {total} at step {step}"
         d.exchange_error(bad, "non_finite")
         loop.heartbeat.update(phase="grad-sync", step=step)
-        norm = sync_and_clip(d, params, opt_cfg.grad_clip, sharded)
+        with phase(f"{role}-clip"):
+            norm = sync_and_clip(d, params, opt_cfg.grad_clip, sharded)
         if not math.isfinite(norm):
             raise CollectiveFailure(f"non-finite {role} gradient norm {norm} at step {step}; the step was refused",
                                     "non_finite")
-        optimizer.step()
+        with phase(f"{role}-optimizer"):
+            optimizer.step()
         return total, norm, extra, records
 
     def step(self, loop, step: int) -> dict:
@@ -566,7 +573,8 @@ class Stage2:
             loss, norm, extra, recs = self._update(loop, step, "student", p.model, p.params, p.optimizer,
                                                    cfg.train.optimizer, lr, self.student_loss)
             self.student_step += 1
-            p.ema.update(self.student_step)
+            with phase("student-ema"):
+                p.ema.update(self.student_step)
             records += recs
             event.update(student_updated=True, student_loss=loss, student_grad_norm=norm, student_lr=lr,
                          dmd_gradient=extra["dmd_gradient"])
