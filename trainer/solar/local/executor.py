@@ -47,12 +47,12 @@ def load_manifest(path: str) -> SolarRun:
 class LocalJob:
     """One stage attempt as a process group, its output copied to a log and to stderr."""
 
-    def __init__(self, name: str, stage: str, argv: list[str], log: Path, echo) -> None:
+    def __init__(self, name: str, stage: str, argv: list[str], log: Path, echo, env: dict | None = None) -> None:
         self.name, self.stage, self.created = name, stage, time.time()
         log.parent.mkdir(parents=True, exist_ok=True)
         self.log = open(log, "ab")
         self.proc = subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, start_new_session=True,
-                                     env={**os.environ, "PYTHONUNBUFFERED": "1"})
+                                     env={**os.environ, **(env or {}), "PYTHONUNBUFFERED": "1"})
         self.tail: list[str] = []
         self.pump = threading.Thread(target=self._pump, args=(echo,), daemon=True)
         self.pump.start()
@@ -115,13 +115,14 @@ def run_manifest(path: str, *, workdir: str = "solar-runs", nproc: int | None = 
     if previous is not None and previous.phase in ("Succeeded", "Failed"):
         echo(f"solar run: {name} already {previous.phase.lower()}; see {status_path}")
         return 0 if previous.phase == "Succeeded" else 1
+    env = local_env(spec, echo)
     root.mkdir(parents=True, exist_ok=True)
     echo(f"solar run: {name}: {len(plan.stages)} stages ({', '.join(s.name for s in plan.stages)}) in {root}")
     jobs: dict[str, LocalJob] = {}
     interrupted = []
     handler = signal.signal(signal.SIGINT, lambda *_: interrupted.append(True))
     try:
-        status = _loop(spec, name, plan, previous, jobs, status_path, root, echo, interrupted)
+        status = _loop(spec, name, plan, previous, jobs, status_path, root, echo, interrupted, env)
     finally:
         for job in jobs.values():
             job.stop()
@@ -133,7 +134,24 @@ def run_manifest(path: str, *, workdir: str = "solar-runs", nproc: int | None = 
     return 0 if status.phase == "Succeeded" else 1
 
 
-def _loop(spec, name: str, plan: RunPlan, status, jobs, status_path: Path, root: Path, echo, interrupted):
+def local_env(spec, echo) -> dict[str, str]:
+    """``spec.env`` for local stages: plain values are set; a ``valueFrom`` (a Secret or ConfigMap
+    only a cluster has) is left to this process's own environment. Every other pod setting
+    (pull secrets, service account, security context, /dev/shm, queue, backend) is a cluster's
+    and is ignored here, never refused."""
+    out = {}
+    for item in spec.env:
+        if item.valueFrom is None:
+            out[item.name] = item.value or ""
+        else:
+            how = "taken from this environment" if item.name in os.environ else "not set (no such variable here)"
+            echo(f"solar run: spec.env {item.name} comes from a cluster object ({', '.join(item.valueFrom)}); "
+                 f"{how}")
+    return out
+
+
+def _loop(spec, name: str, plan: RunPlan, status, jobs, status_path: Path, root: Path, echo, interrupted,
+          env: dict | None = None):
     generation = 1
     while not interrupted:
         files = LazyStageFiles([p.name for p in plan.stages], lambda stage: observe_stage(
@@ -144,12 +162,12 @@ def _loop(spec, name: str, plan: RunPlan, status, jobs, status_path: Path, root:
                           diagnose=lambda stage: failure_summary(plan.stage(stage).stage_dir))
         decision = reconcile(spec, status, obs)
         for action in decision.actions:
-            if action.kind == "delete_job":
+            if action.kind in ("delete_job", "suspend_job"):
                 jobs.pop(action.stage).stop()
             elif action.kind == "create_job":
                 p = plan.stage(action.stage)
                 jobs[action.stage] = LocalJob(action.job, action.stage, _argv(p, action.resume_from),
-                                              root / "logs" / f"{action.stage}-{action.attempt}.log", echo)
+                                              root / "logs" / f"{action.stage}-{action.attempt}.log", echo, env)
         for kind, reason, message in decision.events:
             echo(f"solar run: {reason}: {message}")
         changed = status is None or decision.status != status
