@@ -26,7 +26,9 @@ REPO = Path(os.environ.get("SOLAR_REPO", Path(__file__).resolve().parents[2]))
 
 
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="solar-operator", description="The SolarRun operator.")
+    parser = argparse.ArgumentParser(prog="solar-operator", description="The SolarRun operator. "
+                                     "`solar-operator render MANIFEST [--backend B] [--storage-root DIR]` prints the "
+                                     "plan and the jobs it would create for a manifest, touching nothing.")
     parser.add_argument("--storage-root", default=os.environ.get("SOLAR_OPERATOR_STORAGE_ROOT", "/runs"),
                         help="where run storage is mounted (env SOLAR_OPERATOR_STORAGE_ROOT)")
     parser.add_argument("--default-backend", default=os.environ.get("SOLAR_OPERATOR_DEFAULT_BACKEND", "pytorchjob"),
@@ -50,6 +52,11 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
+    argv = list(sys.argv[1:] if argv is None else argv)
+    if argv[:1] == ["render"]:  # solar-operator render MANIFEST: print what would be created (render.py)
+        from solar_operator.render import main as render
+
+        return render(argv[1:])
     parser = build_parser()
     args = parser.parse_args(argv)
     if args.all_namespaces and args.namespace:

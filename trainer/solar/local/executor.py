@@ -41,7 +41,7 @@ def load_manifest(path: str) -> SolarRun:
     try:
         return SolarRun.model_validate(tree)
     except ValidationError as exc:
-        raise SolarError(f"{path}: {first_error(exc)}") from None
+        raise SolarError(f"{path}: {first_error(exc)} (InvalidSpec)") from None
 
 
 class LocalJob:
@@ -88,8 +88,8 @@ class LocalJob:
         self.log.close()
 
 
-def run_manifest(path: str, *, workdir: str = "solar-runs", nproc: int | None = None,
-                 echo=lambda m: print(m, file=sys.stderr, flush=True)) -> int:
+def _prepare(path: str, workdir: str, nproc: int | None):
+    """(spec, name, run root, plan): the manifest validated and planned as ``solar run`` runs it."""
     manifest = load_manifest(path)
     spec, name = manifest.spec, manifest.metadata.name
     for where, t in [("spec.topology", spec.topology)] + [(f"spec.stages[{i}].topology", s.topology)
@@ -110,6 +110,45 @@ def run_manifest(path: str, *, workdir: str = "solar-runs", nproc: int | None = 
         plan = plan_run(spec, str(root), repo=Path.cwd())
     except RunInvalid as exc:
         raise SolarError(f"{path}: {exc.message} ({exc.reason})") from None
+    return spec, name, root, plan
+
+
+def dry_run(path: str, *, workdir: str = "solar-runs", nproc: int | None = None, out=None,
+            echo=lambda m: print(m, file=sys.stderr, flush=True)) -> int:
+    """``solar run --dry-run``: validate and plan exactly as ``solar run`` does, then print the plan
+    (YAML comments) and, per stage, the launch it would start (one YAML document each: the command,
+    the environment it adds, the stage directory); nothing is written and nothing is started. A stage
+    whose directory already holds a verified checkpoint is shown resuming from it."""
+    import yaml
+
+    from solar.run import resume
+
+    out = out or sys.stdout
+    spec, name, root, plan = _prepare(path, workdir, nproc)
+    env = local_env(spec, echo)
+    lines = [f"# solar run {name}: {len(plan.stages)} stages in {root}; world size {plan.world_size}, "
+             f"global batch {plan.global_batch}"]
+    docs = []
+    for p in plan.stages:
+        files = observe_stage(p.stage_dir, final_step=p.final_step, validation_step=p.validation_step,
+                              generation=p.generation)
+        start = resume.next_start(p, files, 1)
+        if start is None:
+            raise SolarError(f"{path}: stage {p.name}: {p.stage_dir} holds a launched run without a verified "
+                             "checkpoint (NothingToResume)")
+        what = f"final checkpoint step {p.final_step}" if p.final_step is not None else "generation"
+        lines.append(f"#   {p.name}: {p.action} {p.route} with {p.nproc} process(es), {what} ({start.how})")
+        docs.append({"stage": p.name, "action": p.action, "route": p.route, "stageDir": p.stage_dir,
+                     "command": _argv(p, start.resume_from), "env": env,
+                     "log": str(root / "logs" / f"{p.name}-1.log")})
+    out.write("\n".join(lines) + "\n" + "".join("---\n" + yaml.safe_dump(d, sort_keys=False, width=120)
+                                                for d in docs))
+    return 0
+
+
+def run_manifest(path: str, *, workdir: str = "solar-runs", nproc: int | None = None,
+                 echo=lambda m: print(m, file=sys.stderr, flush=True)) -> int:
+    spec, name, root, plan = _prepare(path, workdir, nproc)
     status_path = root / "status.json"
     previous = SolarRunStatus.model_validate(json.loads(status_path.read_text())) if status_path.is_file() else None
     if previous is not None and previous.phase in ("Succeeded", "Failed"):
