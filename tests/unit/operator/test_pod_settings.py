@@ -162,3 +162,17 @@ def test_trainjob_state_follows_its_conditions_and_suspend():
                                         "lastTransitionTime": "2026-12-04T12:00:00Z"}]}
     s = trainjobs.state(queued)
     assert not s.suspended and not s.suspended_by_operator and s.resumed is not None
+
+
+def test_the_trainjob_kueue_example_plans_and_every_job_validates():
+    doc = yaml.safe_load((REPO / "examples/solarrun-wan22-ti2v-5b-trainjob-kueue.yaml").read_text())
+    doc["metadata"].update(namespace="research", uid="0b5e2c8e-1111-4e8a-9b7a-5f0c6c1d2e3f")
+    run = SolarRun.model_validate(doc)
+    assert run.spec.backend == "TrainJob" and run.spec.queueName and backends.spec_problems(run.spec, "TrainJob") == []
+    plan = plan_run(run.spec, f"{run.spec.storage.mountPath}/{run.spec.storage.path}", repo=REPO, environ={})
+    validator = jsonschema.Draft7Validator(_schema("TrainJob"))
+    for p in plan.stages:
+        job = trainjobs.manifest(doc, run.spec, p, job_name("wan5b-camera-tj", p.name), attempt=1, resume_from=None)
+        validator.validate(job)
+        assert trainjobs.admission_problems(job) == []
+        assert job["metadata"]["labels"]["kueue.x-k8s.io/queue-name"] == "gpu-queue"
