@@ -33,9 +33,15 @@ def chosen(spec: SolarRunSpec | dict | None, default: str) -> str:
 
 def of_run(run: dict, default: str) -> str:
     """The backend a run's jobs are of: the one its status records (a run keeps the kind it started
-    with, whatever later edits or a restarted operator's default say), else its spec's, else ``default``."""
-    recorded = (run.get("status") or {}).get("backend")
-    return recorded if recorded in BACKENDS else chosen(run.get("spec"), default)
+    with, whatever later edits or a restarted operator's default say), else its spec's, else ``default``.
+    A run whose status predates ``status.backend`` was started as PyTorchJobs (the only kind then)."""
+    status = run.get("status") or {}
+    recorded = status.get("backend")
+    if recorded in BACKENDS:
+        return recorded
+    if status.get("phase") and status.get("stages"):
+        return "PyTorchJob"  # a run an operator without backends started: its jobs are PyTorchJobs
+    return chosen(run.get("spec"), default)
 
 
 def spec_problems(spec: SolarRunSpec, backend: str) -> list[str]:

@@ -176,3 +176,18 @@ def test_the_trainjob_kueue_example_plans_and_every_job_validates():
         validator.validate(job)
         assert trainjobs.admission_problems(job) == []
         assert job["metadata"]["labels"]["kueue.x-k8s.io/queue-name"] == "gpu-queue"
+
+
+def test_a_run_keeps_the_backend_it_started_with():
+    spec = {"backend": "TrainJob"}
+    assert backends.of_run({"spec": spec}, "PyTorchJob") == "TrainJob"
+    assert backends.of_run({"spec": {}}, "TrainJob") == "TrainJob"
+    # recorded at the first reconcile: a later spec edit or another operator default changes nothing
+    assert backends.of_run({"spec": spec, "status": {"backend": "PyTorchJob", "phase": "Running"}}, "TrainJob") \
+        == "PyTorchJob"
+    # a run started before status.backend existed ran PyTorchJobs
+    old = {"spec": {}, "status": {"phase": "Running", "stages": [{"name": "fm", "job": "r-fm"}]}}
+    assert backends.of_run(old, "TrainJob") == "PyTorchJob"
+    assert backends.backend_name("TrainJob") == backends.backend_name(" trainjob") == "TrainJob"
+    with pytest.raises(ValueError, match="mpijob"):
+        backends.backend_name("mpijob")
