@@ -41,8 +41,8 @@ def test_operator_package_imports_without_torch():
 
 
 def test_refuses_an_unknown_or_disabled_default_backend_in_one_line(tmp_path):
-    proc = subprocess.run([_exe(), "--standalone", "-A", "--storage-root", str(tmp_path), "--default-backend", "mpijob"],
-                          capture_output=True, text=True, timeout=60)
+    proc = subprocess.run([_exe(), "--standalone", "-A", "--storage-root", str(tmp_path), "--default-backend",
+                           "mpijob"], capture_output=True, text=True, timeout=60)
     assert proc.returncode == 2 and proc.stderr.count("\n") == 1 and "'mpijob' is not a backend" in proc.stderr
     env = {**os.environ, "SOLAR_OPERATOR_DEFAULT_BACKEND": "trainjob", "SOLAR_OPERATOR_BACKENDS": "pytorchjob"}
     proc = subprocess.run([_exe(), "--standalone", "-A", "--storage-root", str(tmp_path)], capture_output=True,
