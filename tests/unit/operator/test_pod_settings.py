@@ -83,6 +83,9 @@ def test_every_pod_setting_reaches_the_pods_and_the_job_validates_strictly(kind)
 
 @pytest.mark.parametrize("kind", ["PyTorchJob", "TrainJob"])
 def test_shared_memory_defaults_to_16gi_and_zero_turns_it_off(kind):
+    own = [{"name": "shm", "volume": {"emptyDir": {"medium": "Memory"}}, "mountPath": "/dev/shm"}]
+    pod, container, _ = _pod(kind, _built(kind, sharedMemory="0", volumes=own)[0])  # bring your own: allowed
+    assert {"name": "shm", "mountPath": "/dev/shm", "readOnly": False} in container["volumeMounts"]
     pod, container, _ = _pod(kind, _built(kind)[0])
     assert {"name": "solar-shm", "emptyDir": {"medium": "Memory", "sizeLimit": "16Gi"}} in pod["volumes"]
     pod, container, _ = _pod(kind, _built(kind, sharedMemory="0")[0])
@@ -121,6 +124,8 @@ def test_env_names_the_operator_sets_are_refused(name):
     ({"env": [{"name": "A", "value": "1"}, {"name": "A", "value": "2"}]}, "appears twice"),
     ({"sharedMemory": "lots"}, "spec.sharedMemory"),
     ({"volumes": [{"name": "solar-shm", "volume": {"emptyDir": {}}, "mountPath": "/x"}]}, "operator's"),
+    ({"volumes": [{"name": "shm", "volume": {"emptyDir": {"medium": "Memory"}}, "mountPath": "/dev/shm"}]},
+     'volumes[0].mountPath is /dev/shm, which sharedMemory (16Gi) mounts; set sharedMemory: "0"'),
 ])
 def test_bad_pod_settings_are_refused_naming_the_field(edit, problem):
     with pytest.raises(ValidationError) as caught:

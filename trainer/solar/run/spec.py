@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from typing import Annotated, Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, StringConstraints, field_validator
+from pydantic import BaseModel, ConfigDict, Field, StringConstraints, field_validator, model_validator
 
 GROUP, VERSION, KIND, PLURAL, SHORT = "solarwm.io", "v1alpha1", "SolarRun", "solarruns", "srun"
 API_VERSION = f"{GROUP}/{VERSION}"
@@ -195,6 +195,17 @@ class SolarRunSpec(Doc):
     def pod_env(self) -> list[dict]:
         """``env`` as core/v1 EnvVar documents."""
         return [item.model_dump(exclude_none=True) for item in self.env]
+
+    @model_validator(mode="after")
+    def _shm_mount_is_free(self) -> SolarRunSpec:
+        if quantity_bytes(self.sharedMemory) > 0:
+            taken = [("storage.mountPath", self.storage.mountPath)] + [
+                (f"volumes[{i}].mountPath", v.mountPath) for i, v in enumerate(self.volumes)]
+            for where, path in taken:
+                if path.rstrip("/") == "/dev/shm":
+                    raise ValueError(f"{where} is /dev/shm, which sharedMemory ({self.sharedMemory}) mounts; "
+                                     'set sharedMemory: "0" to bring your own')
+        return self
 
     def shm_bytes(self) -> int:
         return quantity_bytes(self.sharedMemory)
