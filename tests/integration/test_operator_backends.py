@@ -7,9 +7,6 @@ jobs suspended and a queue that admits them later) and the trainer (it writes st
 
 from __future__ import annotations
 
-import re
-import time
-
 import pytest
 from prometheus_client import generate_latest
 
@@ -80,8 +77,9 @@ def test_a_trainjob_run_retries_a_failed_job_and_succeeds_like_a_pytorchjob_run(
             world.set_job(f"tj-{stage}", "Succeeded")
         status = world.wait_phase("tj", "Succeeded")
         assert [s["phase"] for s in status["stages"]] == ["Succeeded"] * 3
-        assert {j["metadata"]["name"] for j in admitted} == {"tj-fm", "tj-anyflow", "tj-generate"}
-        assert len(admitted) == 4  # every TrainJob the operator created passed the strict schema
+        # every TrainJob the operator created passed the strict schema (fm twice: its retry)
+        assert {(j["metadata"]["name"], j["metadata"]["labels"]["solarwm.io/attempt"]) for j in admitted} == {
+            ("tj-fm", "1"), ("tj-fm", "2"), ("tj-anyflow", "1"), ("tj-generate", "1")}
         assert world.cluster.list(f"/apis/kubeflow.org/v1/namespaces/{world.namespace}/pytorchjobs")["items"] == []
         # kubectl and the metrics see the run exactly as under PyTorchJob
         table = world.cluster.kubectl("get", "srun", "-n", world.namespace).stdout.splitlines()
@@ -154,8 +152,8 @@ def test_a_job_its_queue_holds_is_queued_without_the_deadline_running(backend, t
             world.install_runtime()
         doc = _run("q", backend=backend, queueName="gpu-queue")
         doc["spec"]["stages"] = doc["spec"]["stages"][:1]
-        doc["spec"]["runPolicy"]["progressDeadlineSeconds"] = 2
-        with world.queue("gpu-queue", hold=4) as admissions, world.operator():
+        doc["spec"]["runPolicy"]["progressDeadlineSeconds"] = 4
+        with world.queue("gpu-queue", hold=6) as admissions, world.operator():
             world.apply(doc)
             job = world.wait_job("q-fm")
             assert job["metadata"]["labels"]["kueue.x-k8s.io/queue-name"] == "gpu-queue"
@@ -163,7 +161,7 @@ def test_a_job_its_queue_holds_is_queued_without_the_deadline_running(backend, t
             progressing = next(c for c in status["conditions"] if c["type"] == "Progressing")
             assert progressing["reason"] == "Queued" and status["phase"] == "Running"
             wait_for(lambda: admissions, timeout=20, message="the queue to admit the job")
-            assert admissions[0][1] >= 4 > 2  # held longer than progressDeadlineSeconds, yet not failed
+            assert admissions[0][1] >= 6 > 4  # held longer than progressDeadlineSeconds, yet not failed
             status = world.wait_status("q", lambda s: _stage(s, "fm").get("admittedTime"), "fm admitted")
             assert status["phase"] == "Running" and _stage(status, "fm").get("reason") is None
             world.set_job("q-fm", "Running")
@@ -176,5 +174,4 @@ def test_a_job_its_queue_holds_is_queued_without_the_deadline_running(backend, t
                      and r.subresource is None]
             assert len(paths) == 1 and "suspend" in paths[0].text
             assert "solarwm.io/suspended" not in (world.jobs()["q-fm"]["metadata"].get("annotations") or {})
-        # a run that did not fail while queued: one deadline would have been blown twice over
-        assert time.monotonic() and re.search("ProgressDeadlineExceeded", str(world.status("q"))) is None
+            assert "ProgressDeadlineExceeded" not in world.event_reasons("q")

@@ -260,6 +260,22 @@ def test_a_job_its_queue_holds_is_queued_and_the_deadline_waits_for_admission():
     assert sim.condition("Failed").reason == "ProgressDeadlineExceeded"
 
 
+def test_a_job_its_queue_takes_back_is_replaced_by_an_attempt_from_the_checkpoint():
+    sim = Sim()
+    sim.step()
+    sim.jobs["fm"] = JobState("tiny-wan-fm", "Running", attempt=1, created=T0)
+    sim.files["fm"] = StageFiles(exists=True, launched=True, latest=2, last_activity=T0)
+    sim.step()
+    assert sim.status.stage("fm").phase == "Running"
+    sim.jobs["fm"] = JobState("tiny-wan-fm", "Suspended", attempt=1, created=T0, suspended=True)  # preempted
+    d = sim.step()
+    assert [(a.kind, a.job) for a in d.actions] == [("delete_job", "tiny-wan-fm")]
+    assert sim.condition("Progressing").reason == "StagePreempted" and sim.status.phase == "Running"
+    d = sim.step()
+    assert d.actions[0].kind == "create_job" and d.actions[0].resume_from.endswith("step_00000002")
+    assert sim.status.stage("fm").attempt == 2 and sim.status.stage("fm").failures == 0
+
+
 def test_conditions_keep_their_transition_time_while_unchanged():
     sim = Sim()
     sim.step()

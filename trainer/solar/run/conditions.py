@@ -42,6 +42,9 @@ MEMORY_FORECAST = Reason("MemoryForecast", "GPU memory per GPU forecast: {detail
 STAGE_STARTED = Reason("StageStarted", "stage {stage} attempt {attempt} ({how}): job {job}")
 QUEUED = Reason("Queued", "stage {stage} attempt {attempt}: job {job} is held suspended by its queue "
                           "(admission pending; the progress deadline waits)")
+PREEMPTED = Reason("StagePreempted", "stage {stage} attempt {attempt}: its queue suspended job {job} after admitting "
+                                     "it (preemption); a new attempt resumes from the newest checkpoint when "
+                                     "admitted again (not counted as a failure)")
 STAGE_RUNNING = Reason("StageRunning", "stage {stage} attempt {attempt}")
 STAGE_RETRYING = Reason("StageRetrying", "stage {stage} attempt {attempt} failed: {detail}; retrying "
                                          "({failures} of backoffLimit {limit})")

@@ -14,7 +14,9 @@ messages in ``conditions``. Stages run in order; the current stage is the first 
     job being deleted                          -> wait for it to go
     job the operator suspended, run resumed    -> delete it; the next attempt resumes from the checkpoint
     job suspended by someone else (Kueue)      -> Pending, Progressing=True/Queued; no progress deadline
-                                                  (it runs from the admission); suspend is left alone
+                                                  (it runs from the admission); suspend is left alone;
+                                                  suspended again after its admission (preempted): deleted,
+                                                  the next attempt resumes from the checkpoint
     job Succeeded                              -> stage Succeeded if success.py agrees, else Failed
                                                   with its reason; then the next stage at once
     job Failed                                 -> failure.py: delete and retry, or
@@ -221,7 +223,10 @@ def _advance(r: _Run, spec: SolarRunSpec, st: StageStatus, p: StagePlan, obs: Ob
         r.stage_phase(st, "Pending")
         return False
     if job.suspended and job.phase not in ("Succeeded", "Failed"):
-        _queued(r, st, job)
+        if st.admittedTime is not None or st.phase == "Running":  # preempted: its pods would restart with
+            _preempted(r, st, job)                                # this attempt's arguments, not the checkpoint
+        else:
+            _queued(r, st, job)
         return False
     if st.reason == C.QUEUED.name:                       # admitted since the last look
         st.reason = st.message = None
@@ -262,6 +267,17 @@ def _queued(r: _Run, st: StageStatus, job: JobState) -> None:
         st.reason, st.message = C.QUEUED.name, message
         r.event("Normal", C.QUEUED, message)
     r.condition(C.PROGRESSING, "True", C.QUEUED, message)
+
+
+def _preempted(r: _Run, st: StageStatus, job: JobState) -> None:
+    """A queue took an admitted job back: replace it (the next attempt resumes from the newest
+    checkpoint and waits in the queue again); the operator still never touches its ``suspend``."""
+    message = C.PREEMPTED.message(stage=st.name, attempt=st.attempt, job=job.name)
+    r.decision.actions.append(Action("delete_job", st.name, job.name))
+    r.stage_phase(st, "Pending")
+    st.reason, st.message = C.PREEMPTED.name, message
+    r.condition(C.PROGRESSING, "True", C.PREEMPTED, message)
+    r.event("Warning", C.PREEMPTED, message)
 
 
 def _note_usage(status: SolarRunStatus, st: StageStatus, usage: dict | None) -> None:
