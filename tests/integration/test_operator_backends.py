@@ -175,3 +175,26 @@ def test_a_job_its_queue_holds_is_queued_without_the_deadline_running(backend, t
             assert len(paths) == 1 and "suspend" in paths[0].text
             assert "solarwm.io/suspended" not in (world.jobs()["q-fm"]["metadata"].get("annotations") or {})
             assert "ProgressDeadlineExceeded" not in world.event_reasons("q")
+
+
+def test_a_job_its_queue_preempts_is_replaced_by_an_attempt_from_the_checkpoint(trainjob_world):
+    world = trainjob_world
+    world.install_runtime()
+    doc = _run("pre", backend="TrainJob", queueName="gpu-queue")
+    doc["spec"]["stages"] = doc["spec"]["stages"][:1]
+    with world.queue("gpu-queue", hold=0.5) as admissions, world.operator():
+        world.apply(doc)
+        wait_for(lambda: admissions, timeout=20, message="the first admission")
+        world.set_job("pre-fm", "Running")
+        world.wait_status("pre", lambda s: _stage(s, "fm")["phase"] == "Running", "fm Running")
+        world.write_stage("pre", "fm", result=None, checkpoint=False, steps=(2,))
+        world.cluster.patch(f"{world.jobs_path}/pre-fm", {"spec": {"suspend": True}})  # Kueue preempts it
+        job = wait_for(lambda: (lambda j: j if j and j["metadata"]["labels"]["solarwm.io/attempt"] == "2" else None)(
+            world.jobs().get("pre-fm")), message="attempt 2 of fm")
+        assert "checkpoint.path=/runs/team-a/pre/fm/checkpoints/step_00000002" in job["spec"]["trainer"]["args"]
+        wait_for(lambda: len(admissions) == 2, timeout=20, message="attempt 2 admitted by the queue")
+        status = world.status("pre")
+        assert _stage(status, "fm")["failures"] == 0 and "StagePreempted" in world.event_reasons("pre")
+        world.write_stage("pre", "fm")
+        world.set_job("pre-fm", "Succeeded")
+        world.wait_phase("pre", "Succeeded")
