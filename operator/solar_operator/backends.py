@@ -3,10 +3,13 @@
 to the PyTorchJob or TrainJob backend of the run, and ``check`` says, before any job exists, why a
 run cannot be served: a backend this operator does not enable or the cluster does not serve, or a
 missing ``ClusterTrainingRuntime`` (``BackendUnavailable``), or run fields the kind cannot carry
-(``InvalidSpec``).
+(``InvalidSpec``). A kind found available is remembered for ``AVAILABLE_SECONDS``; one found
+missing is asked about again by the next new run.
 """
 
 from __future__ import annotations
+
+import time
 
 from solar.run.machine import Action, JobState
 from solar.run.plan import RunInvalid, StagePlan
@@ -16,6 +19,7 @@ from solar_operator.jobs import PyTorchJobBackend
 
 NAMES = {b.lower(): b for b in BACKENDS}   # pytorchjob -> PyTorchJob, trainjob -> TrainJob
 DEFAULT = "PyTorchJob"
+AVAILABLE_SECONDS = 30.0   # a kind (and runtime) found served is not asked about again for this long
 
 
 def backend_name(text: str) -> str:
@@ -49,8 +53,10 @@ def spec_problems(spec: SolarRunSpec, backend: str) -> list[str]:
 
 
 class Backends:
-    def __init__(self, kube, *, default: str = DEFAULT, enabled: tuple[str, ...] = BACKENDS) -> None:
-        self.default, self.enabled = default, tuple(enabled)
+    def __init__(self, kube, *, default: str = DEFAULT, enabled: tuple[str, ...] = BACKENDS,
+                 clock=time.monotonic) -> None:
+        self.default, self.enabled, self.clock = default, tuple(enabled), clock
+        self._available: dict[tuple[str, str | None], float] = {}   # (kind, runtime) -> when it was found
         self.kinds = {"PyTorchJob": PyTorchJobBackend(kube), "TrainJob": trainjobs.TrainJobBackend(kube)}
 
     def name(self, run: dict) -> str:
@@ -67,8 +73,14 @@ class Backends:
         if name not in self.enabled:
             return RunInvalid("BackendUnavailable", f"spec.backend {name}: this operator does not run {name}s "
                                                     f"(enabled: {', '.join(self.enabled)}; the chart's backends)")
+        key = (name, spec.trainingRuntime if name == "TrainJob" else None)
+        if self.clock() - self._available.get(key, -AVAILABLE_SECONDS) < AVAILABLE_SECONDS:
+            return None  # found a moment ago (many new runs at once ask the same)
         problem = self.kinds[name].unavailable(spec)
-        return RunInvalid("BackendUnavailable", problem) if problem else None
+        if problem:
+            return RunInvalid("BackendUnavailable", problem)
+        self._available[key] = self.clock()
+        return None
 
     def observe(self, run: dict) -> dict[str, JobState]:
         return self.of(run).observe(run)

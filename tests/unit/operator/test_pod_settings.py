@@ -196,3 +196,33 @@ def test_a_run_keeps_the_backend_it_started_with():
     assert backends.backend_name("TrainJob") == backends.backend_name(" trainjob") == "TrainJob"
     with pytest.raises(ValueError, match="mpijob"):
         backends.backend_name("mpijob")
+
+
+def test_check_finds_a_backend_once_and_asks_again_while_it_is_missing():
+    from types import SimpleNamespace
+
+    from solar_operator.backends import Backends
+
+    table = SimpleNamespace(served=set(), runtimes=set(), asked=0)
+
+    class FakeKube:  # the two questions Backends.check asks the API server, answered from a table
+        def served(self, res):
+            table.asked += 1
+            return res in table.served
+
+        def get_cluster_object(self, res, name):
+            return {"metadata": {"name": name}} if name in table.runtimes else None
+
+    now = [0.0]
+    chosen = Backends(FakeKube(), default="TrainJob", clock=lambda: now[0])
+    spec = SolarRun.model_validate(_doc()).spec
+    run = {"spec": {}}
+    assert chosen.check(run, spec).reason == "BackendUnavailable"
+    table.served |= {trainjobs.RES, trainjobs.RUNTIME_RES}
+    assert "torch-distributed does not exist" in chosen.check(run, spec).message  # asked again, not remembered
+    table.runtimes.add("torch-distributed")
+    asked = table.asked
+    assert chosen.check(run, spec) is None and chosen.check(run, spec) is None
+    assert table.asked == asked + 2  # found once (two discovery questions), then remembered
+    now[0] += 31
+    assert chosen.check(run, spec) is None and table.asked == asked + 4
