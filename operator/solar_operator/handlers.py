@@ -6,8 +6,9 @@ can be started, stopped and started again in one process with fresh handlers (te
 
 - SolarRun created / resumed at operator start / spec changed -> reconcile
 - every ``poll_seconds`` while the run is not finished         -> reconcile (stage files have no watch)
-- any change of a PyTorchJob labelled with a run              -> reconcile that run (a finished job
-                                                                  starts the next stage at once)
+- any change of a PyTorchJob or TrainJob labelled with a run  -> reconcile that run (a finished job
+                                                                  starts the next stage at once); only
+                                                                  the kinds in ``backends`` are watched
 - every SolarRun watch event                                   -> the metrics' view of current runs
 - SolarRun deleted                                             -> forget its plan and unposted Events
                                                                   (its jobs go with it: owner references)
@@ -25,7 +26,7 @@ import logging
 import kopf
 
 from solar.run.spec import GROUP, PLURAL, VERSION
-from solar_operator import metrics
+from solar_operator import metrics, trainjobs
 from solar_operator.jobs import RUN_LABEL
 from solar_operator.kube import JOB_GROUP, JOB_PLURAL, JOB_VERSION
 
@@ -53,7 +54,7 @@ def configure(settings: kopf.OperatorSettings) -> None:
 
 
 def register(registry: kopf.OperatorRegistry, *, poll_seconds: float = 10.0, workers: int = WORKERS,
-             exit_seconds: float | None = None) -> None:
+             exit_seconds: float | None = None, backends: tuple[str, ...] = ("PyTorchJob", "TrainJob")) -> None:
     """``exit_seconds``: the SIGTERM-to-exit bound (``solar-operator`` passes ``EXIT_SECONDS``; an
     operator embedded in another process, as in the tests, leaves kopf's setting alone)."""
     @kopf.on.startup(id="solar-settings", registry=registry)
@@ -88,10 +89,17 @@ def register(registry: kopf.OperatorRegistry, *, poll_seconds: float = 10.0, wor
     def observed(namespace: str, name: str, status, type: str | None, **_) -> None:  # noqa: A002 (kopf's name)
         metrics.RUNS.record(namespace, name, dict(status or {}), deleted=type == "DELETED")
 
-    @kopf.on.event(JOB_GROUP, JOB_VERSION, JOB_PLURAL, labels={RUN_LABEL: kopf.PRESENT}, id="job-changed",
-                   registry=registry)
-    def job_changed(namespace: str, labels, memo: kopf.Memo, **_) -> None:
-        memo.runs.reconcile(namespace, labels[RUN_LABEL], "job")
+    if "PyTorchJob" in backends:
+        @kopf.on.event(JOB_GROUP, JOB_VERSION, JOB_PLURAL, labels={RUN_LABEL: kopf.PRESENT}, id="job-changed",
+                       registry=registry)
+        def job_changed(namespace: str, labels, memo: kopf.Memo, **_) -> None:
+            memo.runs.reconcile(namespace, labels[RUN_LABEL], "job")
+
+    if "TrainJob" in backends:
+        @kopf.on.event(trainjobs.GROUP, trainjobs.VERSION, trainjobs.PLURAL, labels={RUN_LABEL: kopf.PRESENT},
+                       id="trainjob-changed", registry=registry)
+        def trainjob_changed(namespace: str, labels, memo: kopf.Memo, **_) -> None:
+            memo.runs.reconcile(namespace, labels[RUN_LABEL], "job")
 
     @kopf.on.probe(id="runs", registry=registry)
     async def runs_known(**_) -> int:  # async: answered by the event loop, not queued in the thread pool

@@ -20,16 +20,18 @@ from typing import Protocol
 from solar.run.machine import Action, JobState, parse_iso
 from solar.run.plan import StagePlan
 from solar.run.spec import SolarRunSpec
-from solar_operator import errors
+from solar_operator import errors, pod
+from solar_operator.pod import METRICS_PORT
 
 API_VERSION, KIND, PLURAL = "kubeflow.org/v1", "PyTorchJob", "pytorchjobs"
 GROUP, VERSION = "kubeflow.org", "v1"
 RUN_LABEL, STAGE_LABEL, ATTEMPT_LABEL = "solarwm.io/run", "solarwm.io/stage", "solarwm.io/attempt"
 RESUME_ANNOTATION = "solarwm.io/resume-from"
+QUEUE_LABEL = "kueue.x-k8s.io/queue-name"
+SUSPEND_ANNOTATION = "solarwm.io/suspended"   # "true": the operator set the job's suspend (SolarRun suspend)
 REPLICA_LABEL = "solarwm.io/replica"   # master | worker
 # Trainer pods: what the chart's trainer PodMonitor selects (with REPLICA_LABEL=master).
 POD_LABELS = {"app.kubernetes.io/name": "solar-trainer", "app.kubernetes.io/component": "trainer"}
-METRICS_PORT = 9400
 DNS1035 = re.compile(r"^[a-z]([-a-z0-9]*[a-z0-9])?$")
 
 
@@ -39,11 +41,7 @@ def manifest(run: dict, spec: SolarRunSpec, plan: StagePlan, job: str, *, attemp
     meta = run["metadata"]
     labels = {RUN_LABEL: meta["name"], STAGE_LABEL: plan.name, "app.kubernetes.io/managed-by": "solar-operator",
               "app.kubernetes.io/part-of": "solar"}
-    mounts = [{"name": "solar-runs", "mountPath": spec.storage.mountPath}]
-    volumes = [{"name": "solar-runs", **spec.storage.volume}]
-    for extra in spec.volumes:
-        mounts.append({"name": extra.name, "mountPath": extra.mountPath, "readOnly": extra.readOnly})
-        volumes.append({"name": extra.name, **extra.volume})
+    volumes, mounts = pod.volumes(spec)
     def template(replica: str) -> dict:
         """Rank 0 runs in the Master pod, so only Master pods declare the metrics port and carry the
         ``solarwm.io/replica: master`` label the chart's trainer PodMonitor selects."""
@@ -57,27 +55,17 @@ def manifest(run: dict, spec: SolarRunSpec, plan: StagePlan, job: str, *, attemp
             "imagePullPolicy": spec.imagePullPolicy,
             "command": ["torchrun"],
             "args": [f"--nproc-per-node={plan.nproc}", *plan.arguments(resume_from)],
-            "env": [{"name": "SOLAR_METRICS_PORT", "value": str(METRICS_PORT)},
-                    {"name": "PYTHONUNBUFFERED", "value": "1"},
-                    # recorded in run-result.json: evidence of another run is recognised (run/observe.py)
-                    {"name": "SOLAR_RUN_UID", "value": meta.get("uid", "")},
-                    {"name": "SOLAR_RUN_STAGE", "value": plan.name}],
+            "env": pod.env(run, spec, plan),
             "ports": ports,
             "volumeMounts": mounts,
             "resources": stage_resources(spec, plan.name),
         }
-        pod = {"containers": [container], "volumes": volumes, "restartPolicy": "Never"}
-        for key in ("nodeSelector", "affinity", "priorityClassName", "schedulerName"):
-            value = getattr(spec, key)
-            if value:
-                pod[key] = value
-        if spec.tolerations:
-            pod["tolerations"] = spec.tolerations
+        pod_spec = {"containers": [container], "volumes": volumes, "restartPolicy": "Never", **pod.settings(spec)}
         pod_labels = {**labels, **POD_LABELS, ATTEMPT_LABEL: str(attempt), REPLICA_LABEL: replica.lower()}
         metadata = {"labels": pod_labels}
         if master:
             metadata["annotations"] = {"prometheus.io/scrape": "true", "prometheus.io/port": str(METRICS_PORT)}
-        return {"metadata": metadata, "spec": pod}
+        return {"metadata": metadata, "spec": pod_spec}
 
     replicas = {"Master": {"replicas": 1, "restartPolicy": "Never", "template": template("Master")}}
     if plan.nodes > 1:
@@ -90,13 +78,18 @@ def manifest(run: dict, spec: SolarRunSpec, plan: StagePlan, job: str, *, attemp
         "apiVersion": API_VERSION, "kind": KIND,
         "metadata": {
             "name": job, "namespace": meta.get("namespace"),
-            "labels": {**labels, ATTEMPT_LABEL: str(attempt)},
+            "labels": {**labels, ATTEMPT_LABEL: str(attempt), **queue_label(spec)},
             **({"annotations": {RESUME_ANNOTATION: resume_from}} if resume_from else {}),
             "ownerReferences": [{"apiVersion": run["apiVersion"], "kind": run["kind"], "name": meta["name"],
                                  "uid": meta["uid"], "controller": True, "blockOwnerDeletion": True}],
         },
         "spec": {"nprocPerNode": str(plan.nproc), "pytorchReplicaSpecs": replicas, "runPolicy": run_policy},
     }
+
+
+def queue_label(spec: SolarRunSpec) -> dict:
+    """Kueue's queue label when the run names a LocalQueue (contract.md §7)."""
+    return {QUEUE_LABEL: spec.queueName} if spec.queueName else {}
 
 
 def stage_resources(spec: SolarRunSpec, stage: str) -> dict:
@@ -131,14 +124,30 @@ def webhook_problems(job: dict) -> list[str]:
 
 
 def state(job: dict) -> JobState:
-    """The job's phase: the last condition whose status is True (kubernetes.md)."""
+    """The job's phase: the last condition whose status is True (kubernetes.md); held suspended when
+    ``runPolicy.suspend`` is set (by Kueue: the operator deletes rather than suspends a PyTorchJob)."""
     conditions = (job.get("status") or {}).get("conditions") or []
     true = [c for c in conditions if c.get("status") == "True"]
     last = true[-1] if true else {}
+    suspended = bool(((job.get("spec") or {}).get("runPolicy") or {}).get("suspend"))
+    return job_state(job, last.get("type"), last.get("message", ""), suspended, conditions)
+
+
+def job_state(job: dict, phase: str | None, message: str, suspended: bool, conditions: list[dict]) -> JobState:
+    """What every job kind shares: name, attempt label, deletion, creation, suspension and the time
+    its controller last reported it resumed (a ``Suspended`` condition turned False)."""
     meta = job["metadata"]
     attempt = (meta.get("labels") or {}).get(ATTEMPT_LABEL, "")
-    return JobState(meta["name"], last.get("type"), last.get("message", ""), bool(meta.get("deletionTimestamp")),
-                    int(attempt) if attempt.isdigit() else None, parse_iso(meta.get("creationTimestamp")))
+    resumed = next((c.get("lastTransitionTime") for c in conditions
+                    if c.get("type") == "Suspended" and c.get("status") == "False"), None)
+    try:
+        resumed_at = parse_iso(resumed)
+    except ValueError:
+        resumed_at = None
+    ours = (meta.get("annotations") or {}).get(SUSPEND_ANNOTATION) == "true"
+    return JobState(meta["name"], phase, message, bool(meta.get("deletionTimestamp")),
+                    int(attempt) if attempt.isdigit() else None, parse_iso(meta.get("creationTimestamp")),
+                    suspended=suspended, suspended_by_operator=suspended and ours, resumed=resumed_at)
 
 
 def owned_by(job: dict, run: dict) -> bool:
@@ -159,10 +168,26 @@ class JobBackend(Protocol):
     def delete(self, run: dict, job: str) -> bool:
         """Delete a job the run owns; False when it is already gone."""
 
+    def suspend(self, run: dict, job: str) -> bool:
+        """Stop a job the run owns for a SolarRun suspend (delete it, or set its suspend)."""
+
+    def unavailable(self, spec: SolarRunSpec) -> str | None:
+        """Why the cluster cannot run this kind (not served, no runtime), or None."""
+
 
 class PyTorchJobBackend:
     def __init__(self, kube) -> None:
         self.kube = kube
+
+    def unavailable(self, spec: SolarRunSpec) -> str | None:
+        if not self.kube.served((GROUP, VERSION, PLURAL)):
+            return (f"spec.backend PyTorchJob: the cluster does not serve {PLURAL}.{GROUP}/{VERSION} (install the "
+                    "Kubeflow training operator v1, or use backend TrainJob)")
+        return None
+
+    def suspend(self, run: dict, job: str) -> bool:
+        """A suspended PyTorchJob is deleted: its next attempt resumes from the checkpoint."""
+        return self.delete(run, job)
 
     def observe(self, run: dict) -> dict[str, JobState]:
         meta = run["metadata"]

@@ -134,3 +134,54 @@ class Kube:
             raise errors.translate(exc, what) from None
         except self._down as exc:
             raise errors.translate(exc, what) from None
+
+    # -- any job kind (TrainJob, ...), runtimes and discovery -----------------------------------------
+    # ``res`` is (group, version, plural); the PyTorchJob methods above are these for kubeflow.org/v1.
+    def list_objects(self, res: tuple[str, str, str], namespace: str, selector: str) -> list[dict]:
+        result = self._call(f"list {res[2]} in {namespace}", self.custom.list_namespaced_custom_object,
+                            *res[:2], namespace, res[2], label_selector=selector, missing={"items": []})
+        return result.get("items", [])
+
+    def get_object(self, res: tuple[str, str, str], namespace: str, name: str) -> dict | None:
+        return self._call(f"get {res[2]} {namespace}/{name}", self.custom.get_namespaced_custom_object,
+                          *res[:2], namespace, res[2], name)
+
+    def create_object(self, res: tuple[str, str, str], manifest: dict) -> bool:
+        """Create; False when an object of that name already exists."""
+        meta = manifest["metadata"]
+        what = f"create {res[2]} {meta['namespace']}/{meta['name']}"
+        try:
+            self.custom.create_namespaced_custom_object(*res[:2], meta["namespace"], res[2], manifest)
+            return True
+        except self._exc as exc:
+            if exc.status == 409:
+                return False
+            raise errors.translate(exc, what) from None
+        except self._down as exc:
+            raise errors.translate(exc, what) from None
+
+    def patch_object(self, res: tuple[str, str, str], namespace: str, name: str, patch: dict) -> dict | None:
+        """A JSON merge patch; None when the object is gone."""
+        return self._call(f"patch {res[2]} {namespace}/{name}", self.custom.patch_namespaced_custom_object,
+                          *res[:2], namespace, res[2], name, patch)
+
+    def delete_object(self, res: tuple[str, str, str], namespace: str, name: str, uid: str) -> bool:
+        """Delete that very object (a uid precondition); False when it is already gone."""
+        from kubernetes import client
+
+        options = client.V1DeleteOptions(propagation_policy="Background",
+                                         preconditions=client.V1Preconditions(uid=uid))
+        result = self._call(f"delete {res[2]} {namespace}/{name}", self.custom.delete_namespaced_custom_object,
+                            *res[:2], namespace, res[2], name, body=options, missing=False)
+        return result is not False
+
+    def get_cluster_object(self, res: tuple[str, str, str], name: str) -> dict | None:
+        return self._call(f"get {res[2]} {name}", self.custom.get_cluster_custom_object, *res[:2], res[2], name)
+
+    def served(self, res: tuple[str, str, str]) -> bool:
+        """Whether the API server serves that resource (discovery of its group-version)."""
+        found = self._call(f"discover {res[0]}/{res[1]}", self.custom.get_api_resources, res[0], res[1])
+        if found is None:
+            return False
+        listed = found.get("resources") if isinstance(found, dict) else found.resources
+        return any((r.get("name") if isinstance(r, dict) else r.name) == res[2] for r in listed or [])

@@ -1,6 +1,9 @@
 """``solar-operator``: runs the SolarRun operator (kopf) with its metrics endpoint.
 
-Flags are those of contract.md §1: ``--storage-root`` (env ``SOLAR_OPERATOR_STORAGE_ROOT``, default
+Flags are those of contract.md §1 and §7: ``--default-backend pytorchjob|trainjob`` (env
+``SOLAR_OPERATOR_DEFAULT_BACKEND``, default ``pytorchjob``: the job kind of runs without
+``spec.backend``), ``--backends`` (env ``SOLAR_OPERATOR_BACKENDS``, default both: the kinds it runs
+and watches, which the chart's RBAC grants), ``--storage-root`` (env ``SOLAR_OPERATOR_STORAGE_ROOT``, default
 ``/runs``: where the run volume is mounted), ``--metrics-port`` (8080), and kopf's ``--standalone``,
 ``-A``/``-n NS``, ``--liveness URL``, ``--verbose``/``--debug``/``--quiet``, ``--log-format``. Cluster credentials come from the in-cluster service account
 or ``$KUBECONFIG``. ``SOLAR_OPERATOR_POLL_SECONDS`` (default 10) sets how often an active run's
@@ -23,9 +26,17 @@ REPO = Path(os.environ.get("SOLAR_REPO", Path(__file__).resolve().parents[2]))
 
 
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="solar-operator", description="The SolarRun operator.")
+    parser = argparse.ArgumentParser(prog="solar-operator", description="The SolarRun operator. "
+                                     "`solar-operator render MANIFEST [--backend B] [--storage-root DIR]` prints the "
+                                     "plan and the jobs it would create for a manifest, touching nothing.")
     parser.add_argument("--storage-root", default=os.environ.get("SOLAR_OPERATOR_STORAGE_ROOT", "/runs"),
                         help="where run storage is mounted (env SOLAR_OPERATOR_STORAGE_ROOT)")
+    parser.add_argument("--default-backend", default=os.environ.get("SOLAR_OPERATOR_DEFAULT_BACKEND", "pytorchjob"),
+                        metavar="pytorchjob|trainjob",
+                        help="job kind of runs without spec.backend (env SOLAR_OPERATOR_DEFAULT_BACKEND)")
+    parser.add_argument("--backends", default=os.environ.get("SOLAR_OPERATOR_BACKENDS", "pytorchjob,trainjob"),
+                        metavar="LIST", help="job kinds this operator runs and watches, comma-separated "
+                                             "(env SOLAR_OPERATOR_BACKENDS; the chart's backends value)")
     parser.add_argument("--metrics-port", type=int, default=8080, help="Prometheus /metrics port (0: off)")
     parser.add_argument("--standalone", action="store_true", help="kopf: no peering")
     parser.add_argument("-A", "--all-namespaces", action="store_true", help="kopf: watch every namespace")
@@ -41,6 +52,11 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
+    argv = list(sys.argv[1:] if argv is None else argv)
+    if argv[:1] == ["render"]:  # solar-operator render MANIFEST: print what would be created (render.py)
+        from solar_operator.render import main as render
+
+        return render(argv[1:])
     parser = build_parser()
     args = parser.parse_args(argv)
     if args.all_namespaces and args.namespace:
@@ -50,6 +66,20 @@ def main(argv: Sequence[str] | None = None) -> int:
     root = Path(args.storage_root)
     if not root.is_dir():
         print(f"solar-operator: error: --storage-root {root} is not a directory (mount the run volume there)",
+              file=sys.stderr)
+        return 2
+    from solar_operator.backends import backend_name
+
+    try:
+        default = backend_name(args.default_backend)
+        enabled = tuple(dict.fromkeys(backend_name(b) for b in args.backends.split(",") if b.strip()))
+        if not enabled:
+            raise ValueError("no backend enabled")
+    except ValueError as exc:
+        print(f"solar-operator: error: --default-backend/--backends: {exc}", file=sys.stderr)
+        return 2
+    if default not in enabled:
+        print(f"solar-operator: error: --default-backend {default} is not among --backends {', '.join(enabled)}",
               file=sys.stderr)
         return 2
     poll = os.environ.get("SOLAR_OPERATOR_POLL_SECONDS", "10")
@@ -86,23 +116,26 @@ def main(argv: Sequence[str] | None = None) -> int:
         return kopf.login_via_client(**kwargs)
 
     handlers.register(registry, poll_seconds=poll_seconds, workers=workers,
-                      exit_seconds=handlers.EXIT_SECONDS)
+                      exit_seconds=handlers.EXIT_SECONDS, backends=enabled)
     if args.metrics_port:
         metrics.serve(args.metrics_port)
-    asyncio.run(kopf.operator(registry=registry, memo=kopf.Memo(runs=reconciler(root)),
+    asyncio.run(kopf.operator(registry=registry, memo=kopf.Memo(runs=reconciler(root, default_backend=default,
+                                                                              backends=enabled)),
                               standalone=args.standalone, clusterwide=args.all_namespaces,
                               namespaces=args.namespace, liveness_endpoint=args.liveness))
     return 0
 
 
-def reconciler(storage_root: Path, *, url: str | None = None):
+def reconciler(storage_root: Path, *, url: str | None = None, default_backend: str = "PyTorchJob",
+               backends: tuple[str, ...] = ("PyTorchJob", "TrainJob")):
     """The operator's reconciler over the real API (``url``: a test server instead of the cluster)."""
-    from solar_operator.jobs import PyTorchJobBackend
+    from solar_operator.backends import Backends
     from solar_operator.kube import Kube, api_client
     from solar_operator.runs import Reconciler
 
     kube = Kube(api_client(url))
-    return Reconciler(kube, PyTorchJobBackend(kube), storage_root=storage_root, repo=REPO)
+    return Reconciler(kube, Backends(kube, default=default_backend, enabled=backends), storage_root=storage_root,
+                      repo=REPO)
 
 
 if __name__ == "__main__":

@@ -123,6 +123,10 @@ class Reconciler:
         jobs, files, root = {}, {}, None
         if plan is not None:
             jobs = self.backend.observe(run)
+            if not jobs and (previous is None or not C.is_true(previous.conditions, C.VALIDATED)):
+                invalid = self.backend.check(run, spec)   # contract.md §7: before any job exists
+                plan = None if invalid else plan
+        if plan is not None:
             root = self.storage_root / spec.storage.path
             uid = meta.get("uid", "")
             files = LazyStageFiles([s.name for s in plan.stages], lambda stage: observe_stage(
@@ -134,6 +138,8 @@ class Reconciler:
                                   diagnose=(lambda stage: failure_summary(root / stage)) if root else
                                   (lambda stage: None))
         decision = machine.reconcile(spec, previous, obs)
+        if plan is not None and decision.status.backend is None:
+            decision.status.backend = self.backend.name(run)
         decision = self._act(run, spec, plan, decision, now, generation)
         new = decision.status.model_dump(mode="json", exclude_none=True)
         if new != stored:
@@ -188,10 +194,11 @@ class Reconciler:
 
     def _act(self, run: dict, spec, plan, decision: machine.Decision, now: float, generation: int):
         for action in decision.actions:
-            if action.kind == "delete_job":
-                gone = self.backend.delete(run, action.job)
+            if action.kind in ("delete_job", "suspend_job"):
+                verb = "deleted" if action.kind == "delete_job" else "suspended"
+                gone = (self.backend.delete if verb == "deleted" else self.backend.suspend)(run, action.job)
                 log.info(f"{run['metadata']['namespace']}/{run['metadata']['name']}: job {action.job} "
-                         f"{'deleted' if gone else 'already gone'}")
+                         f"{verb if gone else 'already gone'}")
                 continue
             try:
                 created = self.backend.create(run, spec, plan.stage(action.stage), action)

@@ -124,12 +124,17 @@ def test_namespace_scoped_mode_watches_only_its_namespaces(tmp_path):
 # What the operator does through the API: kopf (watch SolarRuns and PyTorchJobs, its finalizer and
 # annotations by patch, discovery of CRDs and namespaces) and solar_operator.kube (get runs, patch
 # status, get/list/create/delete jobs, create events).
+PYTORCHJOB_RULES = {("kubeflow.org", "pytorchjobs", v) for v in ("get", "list", "watch", "create", "delete")}
+# TrainJobs are patched too (SolarRun suspend sets spec.suspend); their runtime is read before any job
+TRAINJOB_RULES = {("trainer.kubeflow.org", "trainjobs", v) for v in ("get", "list", "watch", "create", "delete",
+                                                                     "patch")}
+RUNTIME_RULES = {("trainer.kubeflow.org", "clustertrainingruntimes", "get")}
 RUN_RULES = {("solarwm.io", "solarruns", v) for v in ("get", "list", "watch", "patch")} \
     | {("solarwm.io", "solarruns/status", v) for v in ("get", "patch")} \
-    | {("kubeflow.org", "pytorchjobs", v) for v in ("get", "list", "watch", "create", "delete")} \
+    | PYTORCHJOB_RULES | TRAINJOB_RULES \
     | {("", "events", "create"), ("events.k8s.io", "events", "create")}
 DISCOVERY_RULES = {("apiextensions.k8s.io", "customresourcedefinitions", v) for v in ("list", "watch")} \
-    | {("", "namespaces", v) for v in ("list", "watch")}
+    | {("", "namespaces", v) for v in ("list", "watch")} | RUNTIME_RULES
 
 
 def _grants(role: dict) -> set[tuple[str, str, str]]:
@@ -157,6 +162,22 @@ def test_rbac_grants_exactly_what_the_operator_uses(scoped, tmp_path):
         assert binding["subjects"] == [{"kind": "ServiceAccount", "name": account["name"],
                                         "namespace": account["namespace"]}]
         assert binding["roleRef"]["kind"] == ("Role" if binding["kind"] == "RoleBinding" else "ClusterRole")
+
+
+@pytest.mark.parametrize("backends, default", [(["pytorchjob"], "pytorchjob"), (["trainjob"], "trainjob"),
+                                               (["pytorchjob", "trainjob"], "trainjob")])
+def test_rbac_covers_the_enabled_backends_only_and_the_operator_is_told_them(backends, default, tmp_path):
+    docs = render(tmp_path, {"backends": backends, "defaultBackend": default})
+    granted = _grants(_only(docs, "ClusterRole"))
+    assert (PYTORCHJOB_RULES <= granted) == ("pytorchjob" in backends)
+    assert not (PYTORCHJOB_RULES & granted) or "pytorchjob" in backends
+    assert (TRAINJOB_RULES | RUNTIME_RULES <= granted) == ("trainjob" in backends)
+    assert not ((TRAINJOB_RULES | RUNTIME_RULES) & granted) or "trainjob" in backends
+    (container,) = _only(docs, "Deployment")["spec"]["template"]["spec"]["containers"]
+    env = {e["name"]: e.get("value") for e in container["env"]}
+    assert env["SOLAR_OPERATOR_BACKENDS"] == ",".join(backends) and env["SOLAR_OPERATOR_DEFAULT_BACKEND"] == default
+    from solar_operator.backends import backend_name
+    assert [backend_name(b) for b in env["SOLAR_OPERATOR_BACKENDS"].split(",")]  # the operator parses them
 
 
 def test_the_crd_is_the_generated_one_and_kept_on_uninstall(tmp_path):
@@ -269,6 +290,9 @@ BAD_VALUES = [
     ({"monitoring": {"grafanaDashboard": {"enabled": "yes"}}}, "/monitoring/grafanaDashboard/enabled"),
     ({"monitoring": {"podMonitor": {"enabled": True}, "serviceMonitor": {"enabled": True}}},
      "enable one of them"),
+    ({"backends": ["mpijob"]}, "/backends/0"),
+    ({"backends": []}, "/backends"),
+    ({"backends": ["trainjob"]}, "defaultBackend pytorchjob is not in backends"),
 ]
 
 

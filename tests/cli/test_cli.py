@@ -123,7 +123,7 @@ def test_cli_verbs_and_flags_are_frozen_to_the_contract():
         "checkpoint verify": {"--route-config"},
         "checkpoint list": set(),
         "model convert": {"--family", "--from", "--out"},
-        "run": {"--workdir", "--nproc"},
+        "run": {"--workdir", "--nproc", "--dry-run"},  # --dry-run: contract.md §7
         "diagnose": {"--json"},
         "report": {"--json", "--html"},
     }

@@ -16,8 +16,8 @@ import pytest
 from filelock import FileLock
 
 from tests.e2e.helpers import TINY, train
-from tests.integration.world import CRD
-from tests.support.crd_schema import anchor
+from tests.integration.world import CRD, TRAINJOB_CRDS
+from tests.support.crd_schema import ANCHORS, anchor
 from tests.support.kube import emulated_cluster, wait_for
 
 
@@ -77,7 +77,10 @@ def wan_stage0p5(wan_data, tmp_path_factory) -> Path:
 
 @pytest.fixture
 def cluster(tmp_path):
-    with emulated_cluster([CRD, anchor("kubeflow.org_pytorchjobs.yaml")], tmp_path) as running:
+    """Serves SolarRuns, PyTorchJobs and, where their upstream CRDs are at hand, Trainer v2's TrainJobs
+    and ClusterTrainingRuntimes."""
+    trainer = [ANCHORS / name for name in TRAINJOB_CRDS if (ANCHORS / name).is_file()]
+    with emulated_cluster([CRD, anchor("kubeflow.org_pytorchjobs.yaml"), *trainer], tmp_path) as running:
         yield running
 
 

@@ -15,6 +15,7 @@ import yaml
 from tests.conftest import REPO
 from tests.e2e.conftest import get as _get
 from tests.integration.world import write_checkpoint
+from tests.support.crd_schema import ANCHORS
 from tests.support.kube import KUBECTL, wait_for
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(240),
@@ -24,9 +25,15 @@ EXAMPLES = sorted((REPO / "examples").glob("*.yaml"))
 
 def test_kubectl_apply_get_wait_on_every_example(cluster, operator):
     k = cluster.kubectl
-    for path in EXAMPLES:
+    runtime = ANCHORS / "torch_distributed.yaml"
+    trainjobs = "trainjobs" in k("api-resources", "-o", "name").stdout and runtime.is_file()
+    if trainjobs:  # Kubeflow Trainer v2's torch-distributed runtime, as a cluster administrator installs it
+        k("apply", "-f", str(runtime))
+    examples = [p for p in EXAMPLES if trainjobs or yaml.safe_load(p.read_text())["spec"].get("backend") != "TrainJob"]
+    for path in examples:
         k("apply", "-f", str(path))
-    names = [yaml.safe_load(p.read_text())["metadata"]["name"] for p in EXAMPLES]
+    docs = [yaml.safe_load(p.read_text()) for p in examples]
+    names = [d["metadata"]["name"] for d in docs]
     for name in names:
         k("wait", "--for=jsonpath={.status.phase}=Running", f"solarrun/{name}", "--timeout=60s")
         k("wait", "--for=condition=Validated", f"srun/{name}", "--timeout=10s")
@@ -34,14 +41,19 @@ def test_kubectl_apply_get_wait_on_every_example(cluster, operator):
     assert table[0].split() == ["NAME", "PHASE", "STAGE", "STEP", "GPU-HOURS", "AGE"]
     assert sorted(line.split()[:3] for line in table[1:]) == sorted([n, "Running", "fm"] for n in names)
     jobs = k("get", "pytorchjobs", "-o", "jsonpath={.items[*].metadata.name}").stdout.split()
-    assert sorted(jobs) == sorted(f"{n}-fm" for n in names)
+    kinds = {d["metadata"]["name"]: d["spec"].get("backend", "PyTorchJob") for d in docs}
+    assert sorted(jobs) == sorted(f"{n}-fm" for n in names if kinds[n] == "PyTorchJob")
+    if trainjobs:  # the same under Trainer v2: kubectl sees the run and its TrainJob alike
+        assert "TrainJob" in kinds.values()
+        found = k("get", "trainjobs", "-o", "jsonpath={.items[*].metadata.name}").stdout.split()
+        assert sorted(found) == sorted(f"{n}-fm" for n in names if kinds[n] == "TrainJob")
     events = k("get", "events", "--field-selector", f"involvedObject.name={names[0]}", "-o",
                "jsonpath={.items[*].reason}").stdout.split()
     assert events[:3] == ["Resolved", "MemoryForecast", "StageStarted"]
     health = _get(operator["live"])
     assert '"runs"' in health
     text = _get(operator["metrics"])
-    assert 'solar_runs{phase="Running"} 3.0' in text
+    assert f'solar_runs{{phase="Running"}} {len(names)}.0' in text
     assert 'solar_operator_reconcile_total{handler="create",result="success"}' in text
 
     # suspend and resume through kubectl patch
@@ -50,6 +62,13 @@ def test_kubectl_apply_get_wait_on_every_example(cluster, operator):
     wait_for(lambda: f"{names[0]}-fm" not in k("get", "pytorchjobs", "-o", "name").stdout, timeout=30)
     k("patch", "srun", names[0], "--type", "merge", "-p", '{"spec":{"runPolicy":{"suspend":false}}}')
     k("wait", "--for=jsonpath={.status.phase}=Running", f"srun/{names[0]}", "--timeout=30s")
+    if trainjobs:  # a suspended TrainJob run keeps its job, suspended through the job's own spec.suspend
+        name = next(n for n in names if kinds[n] == "TrainJob")
+        k("patch", "srun", name, "--type", "merge", "-p", '{"spec":{"runPolicy":{"suspend":true}}}')
+        k("wait", "--for=condition=Suspended", f"srun/{name}", "--timeout=30s")
+        k("wait", "--for=jsonpath={.spec.suspend}=true", f"trainjob/{name}-fm", "--timeout=30s")
+        k("patch", "srun", name, "--type", "merge", "-p", '{"spec":{"runPolicy":{"suspend":false}}}')
+        k("wait", "--for=jsonpath={.metadata.labels.solarwm\\.io/attempt}=2", f"trainjob/{name}-fm", "--timeout=30s")
 
     # a bad run fails with a reason users can wait on, and gets no job
     bad = yaml.safe_load(EXAMPLES[0].read_text())
@@ -73,7 +92,7 @@ def test_kubectl_apply_get_wait_on_every_example(cluster, operator):
     k("delete", "srun", names[0])
     wait_for(lambda: f'run="{names[0]}"' not in _get(operator["metrics"]) or None, timeout=30)
     text = _get(operator["metrics"])
-    assert 'solar_runs{phase="Failed"} 1.0' in text and 'solar_runs{phase="Running"} 2.0' in text
+    assert 'solar_runs{phase="Failed"} 1.0' in text and f'solar_runs{{phase="Running"}} {len(names) - 1}.0' in text
 
 
 def test_liveness_answers_at_once_and_sigterm_ends_the_process_within_5_seconds(cluster, operator):

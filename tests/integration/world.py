@@ -7,6 +7,7 @@ transactions)."""
 from __future__ import annotations
 
 import copy
+import datetime as dt
 import json
 import secrets
 from contextlib import contextmanager
@@ -22,15 +23,29 @@ from solar.safetensors_io import encode
 from solar.storage import checkpoints as ckpt
 from solar.storage.run_dir import usage, write_result
 from tests.conftest import REPO
+from tests.support.crd_schema import anchor, crd_validator_schema
 from tests.support.kube import Cluster, run_kopf_operator, wait_for
 
 CRD = REPO / "crds" / "solarwm.io_solarruns.yaml"
 CASES = REPO / "tests" / "data" / "solarrun"
 
 
+TRAINJOB_CRDS = ("trainer.kubeflow.org_trainjobs.yaml", "trainer.kubeflow.org_clustertrainingruntimes.yaml")
+
+
+def crds(*backends: str) -> list[Path]:
+    """The SolarRun CRD and the upstream CRDs of the given backends (tests skip when they are absent)."""
+    paths = [CRD]
+    if "PyTorchJob" in backends:
+        paths.append(anchor("kubeflow.org_pytorchjobs.yaml"))
+    if "TrainJob" in backends:
+        paths += [anchor(name) for name in TRAINJOB_CRDS]
+    return paths
+
+
 class World:
-    def __init__(self, cluster: Cluster, storage: Path) -> None:
-        self.cluster, self.storage = cluster, storage
+    def __init__(self, cluster: Cluster, storage: Path, backend: str = "PyTorchJob") -> None:
+        self.cluster, self.storage, self.backend = cluster, storage, backend
         self.namespace = f"t-{secrets.token_hex(3)}"
         cluster.create("/api/v1/namespaces", {"apiVersion": "v1", "kind": "Namespace",
                                               "metadata": {"name": self.namespace}})
@@ -43,16 +58,101 @@ class World:
 
     @property
     def jobs_path(self) -> str:
+        if self.backend == "TrainJob":
+            return f"/apis/trainer.kubeflow.org/v1alpha1/namespaces/{self.namespace}/trainjobs"
         return f"/apis/kubeflow.org/v1/namespaces/{self.namespace}/pytorchjobs"
+
+    # -- Kubeflow Trainer v2: the runtime, the CRD's schema as a validating webhook ---------------------
+    def install_runtime(self, name: str = "torch-distributed") -> dict:
+        """The ``torch-distributed`` ClusterTrainingRuntime of Trainer v2.3.0 (under ``name``)."""
+        doc = yaml.safe_load(anchor("torch_distributed.yaml").read_text())
+        doc["metadata"]["name"] = name
+        return self.cluster.create("/apis/trainer.kubeflow.org/v1alpha1/clustertrainingruntimes", doc)
+
+    def validate_jobs_strictly(self) -> list[dict]:
+        """Every job created from now on must validate against its upstream CRD (no unknown field); one
+        that does not is refused with 422, as a stricter API server would. Returns the jobs admitted."""
+        import jsonschema
+
+        from tests.support.kube import ApiError
+
+        schemas = {}
+        if self.backend == "TrainJob":
+            schemas["trainjobs"] = crd_validator_schema(anchor(TRAINJOB_CRDS[0]), "v1alpha1")
+        else:
+            schemas["pytorchjobs"] = crd_validator_schema(anchor("kubeflow.org_pytorchjobs.yaml"), "v1")
+        validators = {plural: jsonschema.Draft7Validator(schema) for plural, schema in schemas.items()}
+        admitted = []
+
+        def webhook(res, namespace, body):
+            validator = validators.get(res.plural)
+            if validator is None:
+                return
+            error = jsonschema.exceptions.best_match(validator.iter_errors(body))
+            if error is not None:
+                raise ApiError(422, "Invalid", f"{res.plural} {body['metadata'].get('name')}: {error.message} "
+                                               f"at {'/'.join(map(str, error.absolute_path))}")
+            admitted.append(copy.deepcopy(body))
+        self.cluster.emulator.webhooks.append(webhook)
+        return admitted
+
+    # -- Kueue (a LocalQueue that holds each job suspended for a while, then admits it) ----------------
+    @contextmanager
+    def queue(self, name: str, hold: float):
+        """Kueue's part, played here: its webhook creates every job labelled with this queue suspended,
+        and the queue admits it (``suspend: false``) ``hold`` seconds later. ``admissions`` lists
+        (job, seconds held); ``patches`` counts the queue's own changes of ``suspend``."""
+        import threading
+        import time
+
+        held: dict[str, float] = {}
+        admissions: list[tuple[str, float]] = []
+        stop = threading.Event()
+
+        def suspend_path(plural):
+            return ("spec", "suspend") if plural == "trainjobs" else ("spec", "runPolicy", "suspend")
+
+        def webhook(res, namespace, body):
+            if res.plural in ("trainjobs", "pytorchjobs") and \
+                    (body["metadata"].get("labels") or {}).get("kueue.x-k8s.io/queue-name") == name:
+                *parents, leaf = suspend_path(res.plural)
+                node = body
+                for key in parents:
+                    node = node.setdefault(key, {})
+                node[leaf] = True
+                held[body["metadata"]["name"]] = time.monotonic()
+
+        def admit():
+            while not stop.wait(0.1):
+                for job, since in list(held.items()):
+                    if time.monotonic() - since >= hold:
+                        del held[job]
+                        patch = {"spec": {"suspend": False}} if self.backend == "TrainJob" else \
+                            {"spec": {"runPolicy": {"suspend": False}}}
+                        self.cluster.patch(f"{self.jobs_path}/{job}", patch)
+                        admissions.append((job, time.monotonic() - since))
+
+        self.cluster.emulator.webhooks.append(webhook)
+        thread = threading.Thread(target=admit, daemon=True)
+        thread.start()
+        try:
+            yield admissions
+        finally:
+            stop.set()
+            thread.join(5)
+            self.cluster.emulator.webhooks.remove(webhook)
 
     # -- the operator -----------------------------------------------------------------------------
     @contextmanager
-    def operator(self, poll_seconds: float = 0.3):
+    def operator(self, poll_seconds: float = 0.3, default_backend: str = "PyTorchJob",
+                 backends: tuple[str, ...] = ("PyTorchJob", "TrainJob")):
         from solar_operator import handlers
         from solar_operator.main import reconciler
 
-        self.reconciler = reconciler(self.storage, url=self.cluster.url)
-        with run_kopf_operator(lambda registry: handlers.register(registry, poll_seconds=poll_seconds),
+        self.reconciler = reconciler(self.storage, url=self.cluster.url, default_backend=default_backend,
+                                     backends=backends)
+        with run_kopf_operator(lambda registry: handlers.register(registry, poll_seconds=poll_seconds,
+                                                                  backends=backends),
                                self.cluster, memo=kopf.Memo(runs=self.reconciler)) as running:
             yield running
 
@@ -90,6 +190,8 @@ class World:
         return wait_for(lambda: self.jobs().get(name), timeout=timeout, message=f"job {name}")
 
     def set_job(self, name: str, phase: str, message: str = "") -> None:
+        if self.backend == "TrainJob":
+            return self.set_trainjob(name, phase, message)
         conditions = [{"type": "Created", "status": "True", "reason": "PyTorchJobCreated"}]
         if phase in ("Running", "Succeeded", "Failed"):
             conditions.append({"type": "Running", "status": "True" if phase == "Running" else "False",
@@ -97,6 +199,18 @@ class World:
         if phase in ("Succeeded", "Failed"):
             conditions.append({"type": phase, "status": "True", "reason": f"PyTorchJob{phase}", "message": message})
         self.cluster.patch(f"{self.jobs_path}/{name}/status", {"status": {"conditions": conditions}})
+
+    def set_trainjob(self, name: str, phase: str, message: str = "") -> None:
+        """What the Trainer controller reports: Running as an active child job, then Complete or Failed."""
+        now = dt.datetime.now(dt.timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ")
+        active = 1 if phase == "Running" else 0
+        status = {"jobsStatus": [{"name": "node", "active": active, "ready": active, "succeeded": int(
+            phase == "Succeeded"), "failed": int(phase == "Failed"), "suspended": 0}]}
+        if phase in ("Succeeded", "Failed"):
+            kind, reason = ("Complete", "JobsCompleted") if phase == "Succeeded" else ("Failed", "JobsFailed")
+            status["conditions"] = [{"type": kind, "status": "True", "reason": reason, "message": message,
+                                     "lastTransitionTime": now}]
+        self.cluster.patch(f"{self.jobs_path}/{name}/status", {"status": status})
 
     # -- stage directories (playing the trainer) -----------------------------------------------------
     def stage_dir(self, run: str, stage: str) -> Path:

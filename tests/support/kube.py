@@ -235,6 +235,9 @@ class FaithfulEmulator(KubernetesEmulator):
     # API faults a test plays: each callable gets (method, path) and returns an ApiError to answer
     # instead of serving the request (with ``retry_after``: a Retry-After header), or None
     faults: list = attrs.field(factory=list, init=False)
+    # admission webhooks a test plays: each callable gets (resource, namespace, body) of a create before
+    # it is stored; it may change the body (mutating) or raise an ApiError (validating)
+    webhooks: list = attrs.field(factory=list, init=False)
 
     def __attrs_post_init__(self) -> None:
         super().__attrs_post_init__()
@@ -474,6 +477,8 @@ class FaithfulEmulator(KubernetesEmulator):
             if method == "POST":
                 if not isinstance(data, dict):
                     raise ApiError(400, "BadRequest", "the request body must be a JSON object")
+                for webhook in list(self.webhooks):
+                    webhook(res, ns, data)
                 return self._respond(raw, res, info, self._write(res, ns, data), status=201)
             if method == "DELETE":  # deletecollection
                 for obj in self._select(res, ns, params.get("labelSelector", ""), params.get("fieldSelector", "")):

@@ -139,8 +139,10 @@ def cmd_infer(args: argparse.Namespace) -> int:
 
 
 def cmd_run(args: argparse.Namespace) -> int:
-    from solar.local.executor import run_manifest
+    from solar.local.executor import dry_run, run_manifest
 
+    if args.dry_run:
+        return dry_run(args.manifest, workdir=args.workdir, nproc=args.nproc)
     return run_manifest(args.manifest, workdir=args.workdir, nproc=args.nproc)
 
 
@@ -298,6 +300,8 @@ def build_parser() -> argparse.ArgumentParser:
                        help="where runs live: DIR/<metadata.name>/ (default: solar-runs)")
     run_p.add_argument("--nproc", type=int, default=None, metavar="N",
                        help="processes per stage, overriding spec.topology.gpusPerNode")
+    run_p.add_argument("--dry-run", action="store_true",
+                       help="validate and print the plan and each stage's launch; write and start nothing")
     run_p.set_defaults(func=cmd_run)
 
     ck = verbs.add_parser("checkpoint", help="verify and list checkpoints")

@@ -60,3 +60,13 @@ app.kubernetes.io/part-of: solar
 {{- end }}
 {{- end }}
 {{- end }}
+
+{{/*
+The job kind of runs without spec.backend; it must be one of the enabled backends.
+*/}}
+{{- define "solar-operator.defaultBackend" -}}
+{{- if not (has .Values.defaultBackend .Values.backends) -}}
+{{- fail (printf "defaultBackend %s is not in backends %v: enable it or choose one of them" .Values.defaultBackend .Values.backends) -}}
+{{- end -}}
+{{- .Values.defaultBackend -}}
+{{- end -}}

@@ -206,7 +206,7 @@ def test_suspend_deletes_the_job_and_resume_continues_from_the_checkpoint():
                                       last_activity=T0)
     sim.spec = _spec(suspend=True)
     d = sim.step(generation=2)
-    assert [(a.kind, a.stage) for a in d.actions] == [("delete_job", "anyflow")]
+    assert [(a.kind, a.stage) for a in d.actions] == [("suspend_job", "anyflow")]  # PyTorchJob: deleted
     assert sim.status.phase == "Suspended" and sim.status.stage("anyflow").phase == "Suspended"
     assert sim.condition("Suspended").status == "True" and sim.status.observedGeneration == 2
     assert not sim.step(generation=2).actions  # stays suspended
@@ -216,6 +216,64 @@ def test_suspend_deletes_the_job_and_resume_continues_from_the_checkpoint():
     assert sim.condition("Suspended").status == "False" and sim.status.phase == "Running"
     assert sim.status.stage("anyflow").failures == 0  # suspending costs no retry
     assert sim.status.step == 2
+
+
+def test_a_job_kept_suspended_by_the_operator_is_replaced_on_resume():
+    """TrainJob: suspend sets the job's spec.suspend; resuming deletes that job (never unsuspends it)
+    and the next attempt continues from the checkpoint."""
+    sim = Sim()
+    sim.step()
+    sim.files["fm"] = StageFiles(exists=True, launched=True, latest=2, last_activity=T0)
+    sim.jobs["fm"] = JobState("tiny-wan-fm", "Running", attempt=1)
+    sim.spec = _spec(suspend=True)
+    d = sim.step(generation=2)
+    assert [a.kind for a in d.actions] == ["suspend_job"]
+    sim.jobs["fm"] = JobState("tiny-wan-fm", "Suspended", attempt=1, suspended=True, suspended_by_operator=True)
+    assert not sim.step(generation=2).actions and sim.status.phase == "Suspended"
+    sim.spec = _spec(suspend=False)
+    d = sim.step(generation=3)
+    assert [(a.kind, a.job) for a in d.actions] == [("delete_job", "tiny-wan-fm")]
+    assert "fm" not in sim.jobs and sim.status.phase == "Running"
+    d = sim.step(generation=3)
+    assert d.actions[0].kind == "create_job" and d.actions[0].resume_from.endswith("step_00000002")
+    assert sim.status.stage("fm").attempt == 2 and sim.status.stage("fm").failures == 0
+
+
+def test_a_job_its_queue_holds_is_queued_and_the_deadline_waits_for_admission():
+    sim = Sim(_spec(progressDeadlineSeconds=600))
+    sim.step()
+    sim.jobs["fm"] = JobState("tiny-wan-fm", "Suspended", attempt=1, created=T0, suspended=True)
+    sim.now = T0 + 3600  # an hour in the queue: longer than the deadline
+    d = sim.step()
+    assert not d.actions and sim.status.phase == "Running"
+    assert sim.status.stage("fm").phase == "Pending" and sim.status.stage("fm").reason == "Queued"
+    assert sim.condition("Progressing").reason == "Queued" and ("Normal", "Queued") in [e[:2] for e in d.events]
+    assert not [e for e in sim.step().events if e[1] == "Queued"]  # said once
+    sim.now = T0 + 3700  # admitted: the deadline runs from here
+    sim.jobs["fm"] = JobState("tiny-wan-fm", "Running", attempt=1, created=T0)
+    d = sim.step()
+    assert not d.actions and sim.status.stage("fm").admittedTime is not None
+    assert sim.status.stage("fm").reason is None and sim.condition("Progressing").reason == "StageRunning"
+    sim.now = T0 + 3700 + 601
+    d = sim.step()
+    assert [a.kind for a in d.actions] == ["delete_job"]
+    assert sim.condition("Failed").reason == "ProgressDeadlineExceeded"
+
+
+def test_a_job_its_queue_takes_back_is_replaced_by_an_attempt_from_the_checkpoint():
+    sim = Sim()
+    sim.step()
+    sim.jobs["fm"] = JobState("tiny-wan-fm", "Running", attempt=1, created=T0)
+    sim.files["fm"] = StageFiles(exists=True, launched=True, latest=2, last_activity=T0)
+    sim.step()
+    assert sim.status.stage("fm").phase == "Running"
+    sim.jobs["fm"] = JobState("tiny-wan-fm", "Suspended", attempt=1, created=T0, suspended=True)  # preempted
+    d = sim.step()
+    assert [(a.kind, a.job) for a in d.actions] == [("delete_job", "tiny-wan-fm")]
+    assert sim.condition("Progressing").reason == "StagePreempted" and sim.status.phase == "Running"
+    d = sim.step()
+    assert d.actions[0].kind == "create_job" and d.actions[0].resume_from.endswith("step_00000002")
+    assert sim.status.stage("fm").attempt == 2 and sim.status.stage("fm").failures == 0
 
 
 def test_conditions_keep_their_transition_time_while_unchanged():

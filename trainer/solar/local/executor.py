@@ -41,18 +41,18 @@ def load_manifest(path: str) -> SolarRun:
     try:
         return SolarRun.model_validate(tree)
     except ValidationError as exc:
-        raise SolarError(f"{path}: {first_error(exc)}") from None
+        raise SolarError(f"{path}: {first_error(exc)} (InvalidSpec)") from None
 
 
 class LocalJob:
     """One stage attempt as a process group, its output copied to a log and to stderr."""
 
-    def __init__(self, name: str, stage: str, argv: list[str], log: Path, echo) -> None:
+    def __init__(self, name: str, stage: str, argv: list[str], log: Path, echo, env: dict | None = None) -> None:
         self.name, self.stage, self.created = name, stage, time.time()
         log.parent.mkdir(parents=True, exist_ok=True)
         self.log = open(log, "ab")
         self.proc = subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, start_new_session=True,
-                                     env={**os.environ, "PYTHONUNBUFFERED": "1"})
+                                     env={**os.environ, **(env or {}), "PYTHONUNBUFFERED": "1"})
         self.tail: list[str] = []
         self.pump = threading.Thread(target=self._pump, args=(echo,), daemon=True)
         self.pump.start()
@@ -88,8 +88,8 @@ class LocalJob:
         self.log.close()
 
 
-def run_manifest(path: str, *, workdir: str = "solar-runs", nproc: int | None = None,
-                 echo=lambda m: print(m, file=sys.stderr, flush=True)) -> int:
+def _prepare(path: str, workdir: str, nproc: int | None):
+    """(spec, name, run root, plan): the manifest validated and planned as ``solar run`` runs it."""
     manifest = load_manifest(path)
     spec, name = manifest.spec, manifest.metadata.name
     for where, t in [("spec.topology", spec.topology)] + [(f"spec.stages[{i}].topology", s.topology)
@@ -110,18 +110,58 @@ def run_manifest(path: str, *, workdir: str = "solar-runs", nproc: int | None = 
         plan = plan_run(spec, str(root), repo=Path.cwd())
     except RunInvalid as exc:
         raise SolarError(f"{path}: {exc.message} ({exc.reason})") from None
+    return spec, name, root, plan
+
+
+def dry_run(path: str, *, workdir: str = "solar-runs", nproc: int | None = None, out=None,
+            echo=lambda m: print(m, file=sys.stderr, flush=True)) -> int:
+    """``solar run --dry-run``: validate and plan exactly as ``solar run`` does, then print the plan
+    (YAML comments) and, per stage, the launch it would start (one YAML document each: the command,
+    the environment it adds, the stage directory); nothing is written and nothing is started. A stage
+    whose directory already holds a verified checkpoint is shown resuming from it."""
+    import yaml
+
+    from solar.run import resume
+
+    out = out or sys.stdout
+    spec, name, root, plan = _prepare(path, workdir, nproc)
+    env = local_env(spec, echo)
+    lines = [f"# solar run {name}: {len(plan.stages)} stages in {root}; world size {plan.world_size}, "
+             f"global batch {plan.global_batch}"]
+    docs = []
+    for p in plan.stages:
+        files = observe_stage(p.stage_dir, final_step=p.final_step, validation_step=p.validation_step,
+                              generation=p.generation)
+        start = resume.next_start(p, files, 1)
+        if start is None:
+            raise SolarError(f"{path}: stage {p.name}: {p.stage_dir} holds a launched run without a verified "
+                             "checkpoint (NothingToResume)")
+        what = f"final checkpoint step {p.final_step}" if p.final_step is not None else "generation"
+        lines.append(f"#   {p.name}: {p.action} {p.route} with {p.nproc} process(es), {what} ({start.how})")
+        docs.append({"stage": p.name, "action": p.action, "route": p.route, "stageDir": p.stage_dir,
+                     "command": _argv(p, start.resume_from), "env": env,
+                     "log": str(root / "logs" / f"{p.name}-1.log")})
+    out.write("\n".join(lines) + "\n" + "".join("---\n" + yaml.safe_dump(d, sort_keys=False, width=120)
+                                                for d in docs))
+    return 0
+
+
+def run_manifest(path: str, *, workdir: str = "solar-runs", nproc: int | None = None,
+                 echo=lambda m: print(m, file=sys.stderr, flush=True)) -> int:
+    spec, name, root, plan = _prepare(path, workdir, nproc)
     status_path = root / "status.json"
     previous = SolarRunStatus.model_validate(json.loads(status_path.read_text())) if status_path.is_file() else None
     if previous is not None and previous.phase in ("Succeeded", "Failed"):
         echo(f"solar run: {name} already {previous.phase.lower()}; see {status_path}")
         return 0 if previous.phase == "Succeeded" else 1
+    env = local_env(spec, echo)
     root.mkdir(parents=True, exist_ok=True)
     echo(f"solar run: {name}: {len(plan.stages)} stages ({', '.join(s.name for s in plan.stages)}) in {root}")
     jobs: dict[str, LocalJob] = {}
     interrupted = []
     handler = signal.signal(signal.SIGINT, lambda *_: interrupted.append(True))
     try:
-        status = _loop(spec, name, plan, previous, jobs, status_path, root, echo, interrupted)
+        status = _loop(spec, name, plan, previous, jobs, status_path, root, echo, interrupted, env)
     finally:
         for job in jobs.values():
             job.stop()
@@ -133,7 +173,24 @@ def run_manifest(path: str, *, workdir: str = "solar-runs", nproc: int | None = 
     return 0 if status.phase == "Succeeded" else 1
 
 
-def _loop(spec, name: str, plan: RunPlan, status, jobs, status_path: Path, root: Path, echo, interrupted):
+def local_env(spec, echo) -> dict[str, str]:
+    """``spec.env`` for local stages: plain values are set; a ``valueFrom`` (a Secret or ConfigMap
+    only a cluster has) is left to this process's own environment. Every other pod setting
+    (pull secrets, service account, security context, /dev/shm, queue, backend) is a cluster's
+    and is ignored here, never refused."""
+    out = {}
+    for item in spec.env:
+        if item.valueFrom is None:
+            out[item.name] = item.value or ""
+        else:
+            how = "taken from this environment" if item.name in os.environ else "not set (no such variable here)"
+            echo(f"solar run: spec.env {item.name} comes from a cluster object ({', '.join(item.valueFrom)}); "
+                 f"{how}")
+    return out
+
+
+def _loop(spec, name: str, plan: RunPlan, status, jobs, status_path: Path, root: Path, echo, interrupted,
+          env: dict | None = None):
     generation = 1
     while not interrupted:
         files = LazyStageFiles([p.name for p in plan.stages], lambda stage: observe_stage(
@@ -144,12 +201,12 @@ def _loop(spec, name: str, plan: RunPlan, status, jobs, status_path: Path, root:
                           diagnose=lambda stage: failure_summary(plan.stage(stage).stage_dir))
         decision = reconcile(spec, status, obs)
         for action in decision.actions:
-            if action.kind == "delete_job":
+            if action.kind in ("delete_job", "suspend_job"):
                 jobs.pop(action.stage).stop()
             elif action.kind == "create_job":
                 p = plan.stage(action.stage)
                 jobs[action.stage] = LocalJob(action.job, action.stage, _argv(p, action.resume_from),
-                                              root / "logs" / f"{action.stage}-{action.attempt}.log", echo)
+                                              root / "logs" / f"{action.stage}-{action.attempt}.log", echo, env)
         for kind, reason, message in decision.events:
             echo(f"solar run: {reason}: {message}")
         changed = status is None or decision.status != status

@@ -33,12 +33,18 @@ TOPOLOGY_MISMATCH = Reason("TopologyMismatch", "{detail}")
 INVALID_INIT = Reason("InvalidInit", "{detail}")
 INVALID_SPEC = Reason("InvalidSpec", "{detail}")
 INSUFFICIENT_GPU_MEMORY = Reason("InsufficientGPUMemory", "{detail}")
+BACKEND_UNAVAILABLE = Reason("BackendUnavailable", "{detail}")
 VALIDATION_REASONS = tuple(r.name for r in (UNSUPPORTED_ROUTE, UNRESOLVED_PLACEHOLDER, TOPOLOGY_MISMATCH,
-                                            INVALID_INIT, INVALID_SPEC, INSUFFICIENT_GPU_MEMORY))
+                                            INVALID_INIT, INVALID_SPEC, INSUFFICIENT_GPU_MEMORY, BACKEND_UNAVAILABLE))
 MEMORY_FORECAST = Reason("MemoryForecast", "GPU memory per GPU forecast: {detail}")
 
 # Progress
 STAGE_STARTED = Reason("StageStarted", "stage {stage} attempt {attempt} ({how}): job {job}")
+QUEUED = Reason("Queued", "stage {stage} attempt {attempt}: job {job} is held suspended by its queue "
+                          "(admission pending; the progress deadline waits)")
+PREEMPTED = Reason("StagePreempted", "stage {stage} attempt {attempt}: its queue suspended job {job} after admitting "
+                                     "it (preemption); a new attempt resumes from the newest checkpoint when "
+                                     "admitted again (not counted as a failure)")
 STAGE_RUNNING = Reason("StageRunning", "stage {stage} attempt {attempt}")
 STAGE_RETRYING = Reason("StageRetrying", "stage {stage} attempt {attempt} failed: {detail}; retrying "
                                          "({failures} of backoffLimit {limit})")

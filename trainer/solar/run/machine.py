@@ -12,6 +12,11 @@ messages in ``conditions``. Stages run in order; the current stage is the first 
     a job the status does not know about       -> adopt it (an operator restarted between creating
                                                   a job and recording it)
     job being deleted                          -> wait for it to go
+    job the operator suspended, run resumed    -> delete it; the next attempt resumes from the checkpoint
+    job suspended by someone else (Kueue)      -> Pending, Progressing=True/Queued; no progress deadline
+                                                  (it runs from the admission); suspend is left alone;
+                                                  suspended again after its admission (preempted): deleted,
+                                                  the next attempt resumes from the checkpoint
     job Succeeded                              -> stage Succeeded if success.py agrees, else Failed
                                                   with its reason; then the next stage at once
     job Failed                                 -> failure.py: delete and retry, or
@@ -59,6 +64,9 @@ class JobState:
     deleting: bool = False     # deletion requested (deletionTimestamp set): wait until it is gone
     attempt: int | None = None  # the attempt it runs (the job's solarwm.io/attempt label)
     created: float | None = None  # when it was created (epoch seconds)
+    suspended: bool = False    # the job's own suspend flag is set (a queue holds it, or the operator did)
+    suspended_by_operator: bool = False  # ... because the operator suspended it (SolarRun suspend)
+    resumed: float | None = None  # when the job controller last reported it resumed (epoch seconds)
 
 
 @dataclass
@@ -76,7 +84,7 @@ class Observation:
 
 @dataclass(frozen=True)
 class Action:
-    kind: str                  # create_job | delete_job
+    kind: str                  # create_job | delete_job | suspend_job (the backend deletes or suspends it)
     stage: str
     job: str
     attempt: int = 0
@@ -210,6 +218,19 @@ def _advance(r: _Run, spec: SolarRunSpec, st: StageStatus, p: StagePlan, obs: Ob
         _start(r, st, p, files)
         return False
     _adopt(r, st, job)
+    if job.suspended_by_operator:                        # suspended for a SolarRun suspend that ended
+        r.decision.actions.append(Action("delete_job", st.name, job.name))
+        r.stage_phase(st, "Pending")
+        return False
+    if job.suspended and job.phase not in ("Succeeded", "Failed"):
+        if st.admittedTime is not None or st.phase == "Running":  # preempted: its pods would restart with
+            _preempted(r, st, job)                                # this attempt's arguments, not the checkpoint
+        else:
+            _queued(r, st, job)
+        return False
+    if st.reason == C.QUEUED.name:                       # admitted since the last look
+        st.reason = st.message = None
+        st.admittedTime = iso(r.now)
     if job.phase == "Succeeded":
         problem = success.completion_problem(p, files)
         if problem:
@@ -225,6 +246,8 @@ def _advance(r: _Run, spec: SolarRunSpec, st: StageStatus, p: StagePlan, obs: Ob
         r.event("Normal", C.STAGE_RUNNING, C.STAGE_RUNNING.message(stage=st.name, attempt=st.attempt))
     limit = spec.runPolicy.progressDeadlineSeconds
     started = job.created if job.created is not None else parse_iso(st.startTime)
+    marks = [t for t in (started, parse_iso(st.admittedTime), job.resumed) if t is not None]
+    started = max(marks) if marks else None              # time in a queue does not count
     idle = progress_deadline.exceeded(obs.now, last_activity=files.last_activity, attempt_started=started, limit=limit)
     if idle is not None:
         r.decision.actions.append(Action("delete_job", st.name, job.name))
@@ -234,6 +257,27 @@ def _advance(r: _Run, spec: SolarRunSpec, st: StageStatus, p: StagePlan, obs: Ob
     if phase == "Running":  # while its pods are pending, Progressing keeps saying how the attempt started
         r.condition(C.PROGRESSING, "True", C.STAGE_RUNNING, C.STAGE_RUNNING.message(stage=st.name, attempt=st.attempt))
     return False
+
+
+def _queued(r: _Run, st: StageStatus, job: JobState) -> None:
+    """A job its queue holds suspended (Kueue): waiting for admission is neither progress nor idleness."""
+    message = C.QUEUED.message(stage=st.name, attempt=st.attempt, job=job.name)
+    r.stage_phase(st, "Pending")
+    if st.reason != C.QUEUED.name:
+        st.reason, st.message = C.QUEUED.name, message
+        r.event("Normal", C.QUEUED, message)
+    r.condition(C.PROGRESSING, "True", C.QUEUED, message)
+
+
+def _preempted(r: _Run, st: StageStatus, job: JobState) -> None:
+    """A queue took an admitted job back: replace it (the next attempt resumes from the newest
+    checkpoint and waits in the queue again); the operator still never touches its ``suspend``."""
+    message = C.PREEMPTED.message(stage=st.name, attempt=st.attempt, job=job.name)
+    r.decision.actions.append(Action("delete_job", st.name, job.name))
+    r.stage_phase(st, "Pending")
+    st.reason, st.message = C.PREEMPTED.name, message
+    r.condition(C.PROGRESSING, "True", C.PREEMPTED, message)
+    r.event("Warning", C.PREEMPTED, message)
 
 
 def _note_usage(status: SolarRunStatus, st: StageStatus, usage: dict | None) -> None:
@@ -260,6 +304,7 @@ def _start(r: _Run, st: StageStatus, p: StagePlan, files: StageFiles) -> None:
     r.decision.actions.append(Action("create_job", st.name, name, attempt, start.resume_from))
     st.job, st.attempt = name, attempt
     st.startTime = st.startTime or iso(r.now)
+    st.admittedTime = None
     st.reason = st.message = None
     r.stage_phase(st, "Pending")
     message = C.STAGE_STARTED.message(stage=st.name, attempt=attempt, how=start.how, job=name)
@@ -335,8 +380,8 @@ def _succeeded(r: _Run) -> Decision:
 
 
 def _suspend(r: _Run, current: StageStatus, job: JobState | None) -> Decision:
-    if job is not None and not job.deleting:
-        r.decision.actions.append(Action("delete_job", current.name, job.name))
+    if job is not None and not job.deleting and not job.suspended_by_operator:
+        r.decision.actions.append(Action("suspend_job", current.name, job.name))
     message = C.SUSPEND_REQUESTED.message(stage=current.name)
     if r.stage_phase(current, "Suspended"):
         r.event("Normal", C.SUSPEND_REQUESTED, message)

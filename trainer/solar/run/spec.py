@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from typing import Annotated, Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, StringConstraints, field_validator
+from pydantic import BaseModel, ConfigDict, Field, StringConstraints, field_validator, model_validator
 
 GROUP, VERSION, KIND, PLURAL, SHORT = "solarwm.io", "v1alpha1", "SolarRun", "solarruns", "srun"
 API_VERSION = f"{GROUP}/{VERSION}"
@@ -111,6 +111,30 @@ class RunPolicy(Doc):
     suspend: bool = False
 
 
+# names the operator (or the training operator / Trainer runtime) sets in every trainer container
+RESERVED_ENV_PREFIXES = ("SOLAR_", "PET_")
+RESERVED_ENV_NAMES = ("MASTER_ADDR", "MASTER_PORT", "WORLD_SIZE", "RANK", "LOCAL_RANK")
+BACKENDS = ("PyTorchJob", "TrainJob")
+DEFAULT_RUNTIME = "torch-distributed"
+
+
+class EnvVar(Doc):
+    """A core/v1 EnvVar: a plain ``value`` or a ``valueFrom`` source (secretKeyRef, configMapKeyRef, ...)."""
+
+    name: str = Field(min_length=1, pattern=r"^[^=]+$")
+    value: str | None = None
+    valueFrom: dict[str, Any] | None = Field(None, description="Any core/v1 EnvVarSource, e.g. "
+                                                               "{secretKeyRef: {name: s3, key: id}}.")
+
+
+class LocalObjectReference(Doc):
+    name: str = Field(min_length=1)
+
+
+def reserved_env(name: str) -> bool:
+    return name.startswith(RESERVED_ENV_PREFIXES) or name in RESERVED_ENV_NAMES
+
+
 class SolarRunSpec(Doc):
     family: Family
     image: str = Field(min_length=1)
@@ -126,6 +150,65 @@ class SolarRunSpec(Doc):
     priorityClassName: str = ""
     schedulerName: str = ""
     runPolicy: RunPolicy = Field(default_factory=RunPolicy)
+    # contract.md §7: job backends, queueing and pod settings
+    backend: Literal["PyTorchJob", "TrainJob"] | None = Field(
+        None, description="The job kind of every stage; default: the operator's --default-backend.")
+    trainingRuntime: DNSLabel | None = Field(
+        None, description=f"TrainJob only: the ClusterTrainingRuntime the jobs reference (default {DEFAULT_RUNTIME}).")
+    queueName: Annotated[str, StringConstraints(pattern=r"^[a-z0-9]([-a-z0-9.]*[a-z0-9])?$", max_length=63)] | None \
+        = Field(None, description="Kueue LocalQueue in the run's namespace (label kueue.x-k8s.io/queue-name).")
+    env: list[EnvVar] = Field(default_factory=list, description="Extra environment of the trainer containers "
+                                                                "(core/v1 EnvVar; valueFrom allowed).")
+    imagePullSecrets: list[LocalObjectReference] = Field(default_factory=list)
+    serviceAccountName: str = ""
+    podSecurityContext: dict[str, Any] = Field(default_factory=dict, description="core/v1 PodSecurityContext, "
+                                                                                 "e.g. {fsGroup: 10001}.")
+    sharedMemory: Annotated[str, StringConstraints(pattern=QUANTITY)] = Field(
+        "16Gi", description="/dev/shm as a memory-backed emptyDir of this size; \"0\" mounts none.")
+
+    @field_validator("volumes")
+    @classmethod
+    def _volume_names(cls, value: list[ExtraVolume]) -> list[ExtraVolume]:
+        names = [v.name for v in value]
+        for name in names:
+            if name in ("solar-runs", "solar-shm"):
+                raise ValueError(f"the name {name} is the operator's (run volume, /dev/shm); rename that volume")
+            if names.count(name) > 1:
+                raise ValueError(f"the name {name} appears twice; volume names are unique")
+        return value
+
+    @field_validator("env")
+    @classmethod
+    def _env(cls, value: list[EnvVar]) -> list[EnvVar]:
+        seen = set()
+        for item in value:
+            if reserved_env(item.name):
+                raise ValueError(f"{item.name} is set by the operator (SOLAR_*, PET_*, MASTER_ADDR, MASTER_PORT, "
+                                 "WORLD_SIZE, RANK, LOCAL_RANK); remove it or use another name")
+            if item.value is not None and item.valueFrom is not None:
+                raise ValueError(f"{item.name}: give value or valueFrom, not both")
+            if item.name in seen:
+                raise ValueError(f"{item.name} appears twice")
+            seen.add(item.name)
+        return value
+
+    def pod_env(self) -> list[dict]:
+        """``env`` as core/v1 EnvVar documents."""
+        return [item.model_dump(exclude_none=True) for item in self.env]
+
+    @model_validator(mode="after")
+    def _shm_mount_is_free(self) -> SolarRunSpec:
+        if quantity_bytes(self.sharedMemory) > 0:
+            taken = [("storage.mountPath", self.storage.mountPath)] + [
+                (f"volumes[{i}].mountPath", v.mountPath) for i, v in enumerate(self.volumes)]
+            for where, path in taken:
+                if path.rstrip("/") == "/dev/shm":
+                    raise ValueError(f"{where} is /dev/shm, which sharedMemory ({self.sharedMemory}) mounts; "
+                                     'set sharedMemory: "0" to bring your own')
+        return self
+
+    def shm_bytes(self) -> int:
+        return quantity_bytes(self.sharedMemory)
 
 
 # --- status ----------------------------------------------------------------------------------
@@ -167,6 +250,8 @@ class StageStatus(Doc):
     failures: int = 0
     startTime: str | None = None
     completionTime: str | None = None
+    admittedTime: str | None = Field(None, description="When its queue admitted the current attempt's job "
+                                                       "(the progress deadline runs from then).")
     checkpoint: CheckpointStatus | None = None
     validation: ValidationStatus | None = None
     message: str | None = None
@@ -195,6 +280,8 @@ class SolarRunStatus(Doc):
     currentStage: str | None = None
     step: int | None = None
     observedGeneration: int | None = None
+    backend: Literal["PyTorchJob", "TrainJob"] | None = Field(
+        None, description="The job kind of this run's stages, fixed when it was validated.")
     topology: StatusTopology | None = None
     gpuHours: float | None = Field(None, description="GPU time of every stage's launches so far (queueing and "
                                                      "suspended time excluded), from their run-result.json.")

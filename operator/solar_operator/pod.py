@@ -1,0 +1,61 @@
+"""What every stage pod carries, whatever the job kind (contract.md §4 and §7); pure.
+
+The run volume and the extra volumes with their mounts, ``/dev/shm`` as a memory-backed
+``emptyDir`` of ``spec.sharedMemory`` (none when it is ``"0"``), the container environment (the
+operator's own variables first, then ``spec.env``) and the pod-level settings. ``jobs`` (PyTorchJob)
+and ``trainjobs`` (TrainJob) place these pieces where their kinds want them.
+"""
+
+from __future__ import annotations
+
+from solar.run.plan import StagePlan
+from solar.run.spec import SolarRunSpec
+
+RUN_VOLUME, SHM_VOLUME, SHM_PATH = "solar-runs", "solar-shm", "/dev/shm"
+METRICS_PORT = 9400
+
+
+def volumes(spec: SolarRunSpec) -> tuple[list[dict], list[dict]]:
+    """(pod volumes, container volumeMounts)."""
+    mounts = [{"name": RUN_VOLUME, "mountPath": spec.storage.mountPath}]
+    vols = [{"name": RUN_VOLUME, **spec.storage.volume}]
+    for extra in spec.volumes:
+        mounts.append({"name": extra.name, "mountPath": extra.mountPath, "readOnly": extra.readOnly})
+        vols.append({"name": extra.name, **extra.volume})
+    if spec.shm_bytes() > 0:
+        mounts.append({"name": SHM_VOLUME, "mountPath": SHM_PATH})
+        vols.append({"name": SHM_VOLUME, "emptyDir": {"medium": "Memory", "sizeLimit": spec.sharedMemory}})
+    return vols, mounts
+
+
+def env(run: dict, spec: SolarRunSpec, plan: StagePlan) -> list[dict]:
+    """The trainer container's environment: the operator's variables, then ``spec.env`` (whose names
+    never collide with them: the spec refuses SOLAR_*, PET_* and the rendezvous names)."""
+    return [{"name": "SOLAR_METRICS_PORT", "value": str(METRICS_PORT)},
+            {"name": "PYTHONUNBUFFERED", "value": "1"},
+            # recorded in run-result.json: evidence of another run is recognised (run/observe.py)
+            {"name": "SOLAR_RUN_UID", "value": run["metadata"].get("uid", "")},
+            {"name": "SOLAR_RUN_STAGE", "value": plan.name},
+            *spec.pod_env()]
+
+
+def settings(spec: SolarRunSpec, *, scheduling: bool = True) -> dict:
+    """Pod-spec fields from the run: scheduling (nodeSelector, tolerations, affinity and, with
+    ``scheduling``, priorityClassName and schedulerName), imagePullSecrets, serviceAccountName and
+    securityContext (``spec.podSecurityContext``); only those the run sets."""
+    pod: dict = {}
+    keys = ("nodeSelector", "affinity", "priorityClassName", "schedulerName") if scheduling else \
+        ("nodeSelector", "affinity")
+    for key in keys:
+        value = getattr(spec, key)
+        if value:
+            pod[key] = value
+    if spec.tolerations:
+        pod["tolerations"] = spec.tolerations
+    if spec.imagePullSecrets:
+        pod["imagePullSecrets"] = [s.model_dump() for s in spec.imagePullSecrets]
+    if spec.serviceAccountName:
+        pod["serviceAccountName"] = spec.serviceAccountName
+    if spec.podSecurityContext:
+        pod["securityContext"] = spec.podSecurityContext
+    return pod

@@ -1,0 +1,101 @@
+"""Dry runs (contract.md §7): ``solar run --dry-run`` and ``solar-operator render`` validate a manifest
+as the runner would, print the plan and what would be started or created, and touch nothing."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import jsonschema
+import pytest
+import yaml
+
+from tests.conftest import REPO
+from tests.support.crd_schema import anchor, crd_validator_schema
+
+TINY = REPO / "examples" / "solarrun-tiny.yaml"
+
+
+def _run(*args, cwd=REPO, env=None):
+    return subprocess.run(list(args), cwd=cwd, capture_output=True, text=True, timeout=120,
+                          env={**os.environ, **(env or {})})
+
+
+def _operator(*args, **kw):
+    return _run(str(Path(sys.executable).with_name("solar-operator")), "render", *args, **kw)
+
+
+def _manifest(tmp_path, **spec):
+    doc = yaml.safe_load(TINY.read_text())
+    doc["spec"].update(spec)
+    path = tmp_path / "run.yaml"
+    path.write_text(yaml.safe_dump(doc))
+    return path
+
+
+def test_solar_run_dry_run_prints_each_stage_launch_and_writes_nothing(tmp_path):
+    manifest = _manifest(tmp_path, env=[{"name": "NCCL_DEBUG", "value": "WARN"}], backend="TrainJob",
+                         imagePullSecrets=[{"name": "registry"}])
+    before = sorted(tmp_path.rglob("*"))
+    proc = _run(sys.executable, "-m", "solar", "run", "--dry-run", str(manifest), "--workdir", str(tmp_path / "runs"))
+    assert proc.returncode == 0, proc.stderr
+    docs = [d for d in yaml.safe_load_all(proc.stdout) if d]
+    assert [d["stage"] for d in docs] == ["fm", "anyflow", "dmd", "generate"]
+    assert proc.stdout.startswith("# solar run tiny-wan: 4 stages")
+    fm = docs[0]
+    assert fm["command"][1:5] == ["-m", "torch.distributed.run", "--standalone", "--nproc-per-node=1"]
+    assert f"runtime.output_dir={tmp_path / 'runs' / 'tiny-wan' / 'fm'}" in fm["command"]
+    assert fm["env"] == {"NCCL_DEBUG": "WARN"}
+    assert sorted(tmp_path.rglob("*")) == before  # not even the work directory
+
+
+def test_solar_run_dry_run_refuses_an_invalid_manifest_with_the_operators_reason(tmp_path):
+    proc = _run(sys.executable, "-m", "solar", "run", "--dry-run",
+                str(_manifest(tmp_path, env=[{"name": "PET_NNODES", "value": "2"}])))
+    assert proc.returncode == 2 and proc.stderr.count("\n") == 1
+    assert "spec.env" in proc.stderr and "PET_NNODES" in proc.stderr and "(InvalidSpec)" in proc.stderr
+
+
+@pytest.mark.parametrize("backend, crd, version", [
+    ("pytorchjob", "kubeflow.org_pytorchjobs.yaml", "v1"),
+    ("trainjob", "trainer.kubeflow.org_trainjobs.yaml", "v1alpha1")])
+def test_render_prints_the_jobs_the_operator_would_create(backend, crd, version, tmp_path):
+    validator = jsonschema.Draft7Validator(crd_validator_schema(anchor(crd), version))
+    proc = _operator(str(_manifest(tmp_path, queueName="gpu", serviceAccountName="trainer")), "--backend", backend,
+                     cwd=tmp_path)
+    assert proc.returncode == 0, proc.stderr
+    jobs = [d for d in yaml.safe_load_all(proc.stdout) if d]
+    assert [j["metadata"]["name"] for j in jobs] == ["tiny-wan-fm", "tiny-wan-anyflow", "tiny-wan-dmd",
+                                                    "tiny-wan-generate"]
+    for job in jobs:
+        validator.validate(job)
+        assert job["metadata"]["labels"]["kueue.x-k8s.io/queue-name"] == "gpu"
+    assert "4 stages as " + {"pytorchjob": "PyTorchJobs", "trainjob": "TrainJobs"}[backend] in proc.stdout
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["run.yaml"]  # nothing written
+
+
+def test_render_follows_spec_backend_and_shows_a_resume_from_the_storage_root(tmp_path):
+    from tests.integration.world import write_checkpoint
+
+    root = tmp_path / "storage"
+    write_checkpoint((root / "tiny-wan" / "fm").resolve(), 2)
+    proc = _operator(str(_manifest(tmp_path, backend="TrainJob")), "--backend", "pytorchjob",
+                     "--storage-root", str(root))
+    assert proc.returncode == 0, proc.stderr
+    fm = next(d for d in yaml.safe_load_all(proc.stdout) if d)
+    assert fm["kind"] == "TrainJob"  # spec.backend wins over the operator's default
+    assert "checkpoint.path=/runs/tiny-wan/fm/checkpoints/step_00000002" in fm["spec"]["trainer"]["args"]
+    assert "checkpoint.mode=full_resume" in fm["spec"]["trainer"]["args"]
+
+
+@pytest.mark.parametrize("edit, reason", [
+    ({"backend": "TrainJob", "priorityClassName": "high"}, "InvalidSpec: spec.priorityClassName"),
+    ({"env": [{"name": "RANK", "value": "0"}]}, "InvalidSpec: spec.env"),
+    ({"topology": {"nodes": 1, "gpusPerNode": 1, "globalBatchSize": 7}}, "TopologyMismatch"),
+])
+def test_render_refuses_an_invalid_manifest_with_the_reason_the_run_would_carry(edit, reason, tmp_path):
+    proc = _operator(str(_manifest(tmp_path, **edit)))
+    assert proc.returncode == 2 and proc.stderr.count("\n") == 1 and reason in proc.stderr, proc.stderr
+    assert proc.stdout == ""
