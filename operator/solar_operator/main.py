@@ -56,7 +56,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     if argv[:1] == ["render"]:  # solar-operator render MANIFEST: print what would be created (render.py)
         from solar_operator.render import main as render
 
-        return render(argv[1:])
+        return render(argv[1:], repo=REPO)
     parser = build_parser()
     args = parser.parse_args(argv)
     if args.all_namespaces and args.namespace:

@@ -73,11 +73,11 @@ def text(doc: dict, plan: RunPlan, backend: str, built: list[dict]) -> str:
     return "\n".join(lines) + "\n" + docs
 
 
-def main(argv: list[str]) -> int:
+def main(argv: list[str], *, repo: Path) -> int:
+    """``solar-operator render``; ``repo``: where stage configs are resolved from (the operator's own)."""
     from solar.config.loader import read_document
     from solar.errors import SolarError
     from solar_operator.backends import backend_name
-    from solar_operator.main import REPO
 
     parser = argparse.ArgumentParser(prog="solar-operator render", description="print the plan and the jobs the "
                                      "operator would create for a SolarRun manifest; nothing is created")
@@ -101,7 +101,7 @@ def main(argv: list[str]) -> int:
         _, doc = read_document(args.manifest)
         if not isinstance(doc, dict):
             raise RunInvalid("InvalidSpec", "the manifest is not one SolarRun document")
-        plan, backend, built = render(doc, default_backend=default, repo=REPO, storage_root=root)
+        plan, backend, built = render(doc, default_backend=default, repo=repo, storage_root=root)
     except RunInvalid as exc:
         print(f"solar-operator render: error: {args.manifest}: {exc.reason}: {' '.join(exc.message.split())}",
               file=sys.stderr)
