@@ -218,6 +218,26 @@ def test_suspend_deletes_the_job_and_resume_continues_from_the_checkpoint():
     assert sim.status.step == 2
 
 
+def test_a_suspend_suspends_the_running_stage_when_the_previous_success_was_not_recorded():
+    """fm's job succeeded and anyflow's job was created, but the status write of that reconcile was
+    lost (a 409/500, or an operator restart): a suspend must record fm as Succeeded and delete the
+    job that runs (anyflow's), not fm's finished job, and a resume must not run fm again."""
+    sim = Sim()
+    sim.step()
+    sim.succeed("fm")
+    sim.jobs["anyflow"] = JobState("tiny-wan-anyflow", "Running", attempt=1)  # the status still says fm
+    sim.spec = _spec(suspend=True)
+    d = sim.step(generation=2)
+    assert [(a.kind, a.stage) for a in d.actions] == [("delete_job", "anyflow")]
+    assert sim.status.stage("fm").phase == "Succeeded" and sim.status.stage("anyflow").phase == "Suspended"
+    assert sim.status.currentStage == "anyflow" and sim.status.phase == "Suspended"
+    assert sim.status.stage("anyflow").attempt == 1  # the job that ran is adopted before it is deleted
+    sim.spec = _spec(suspend=False)
+    d = sim.step(generation=3)
+    assert [(a.kind, a.stage, a.attempt) for a in d.actions] == [("create_job", "anyflow", 2)]
+    assert [a.stage for a in sim.created] == ["fm", "anyflow"]
+
+
 def test_conditions_keep_their_transition_time_while_unchanged():
     sim = Sim()
     sim.step()

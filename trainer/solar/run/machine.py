@@ -6,7 +6,8 @@ module (``success``, ``failure``, ``progress_deadline``, ``resume``, ``suspend``
 messages in ``conditions``. Stages run in order; the current stage is the first not Succeeded.
 
     spec does not resolve (any stage)          -> Failed, Validated=False/<reason>; no job
-    spec.runPolicy.suspend                     -> delete the current job; Suspended
+    spec.runPolicy.suspend                     -> delete the current job; Suspended (stages whose job
+                                                  succeeded unrecorded are recorded first)
     current stage has no job                   -> create one (resume.py: fresh, from the newest
                                                   verified checkpoint, or NothingToResume)
     a job the status does not know about       -> adopt it (an operator restarted between creating
@@ -181,6 +182,9 @@ def reconcile(spec: SolarRunSpec | None, previous: SolarRunStatus | None, obs: O
         return _succeeded(r)
     mode = suspend.suspended(spec.runPolicy.suspend, previous.phase if previous else None)
     if mode == "suspend":
+        current = _settle_succeeded(r, plan, current, obs)
+        if current is None:
+            return _succeeded(r)
         return _suspend(r, current, obs.jobs.get(current.name))
     if mode == "resume":
         r.condition(C.SUSPENDED, "False", C.RESUMED, C.RESUMED.message(stage=current.name))
@@ -334,8 +338,27 @@ def _succeeded(r: _Run) -> Decision:
     return r.decision
 
 
+def _settle_succeeded(r: _Run, plan: RunPlan, current: StageStatus, obs: Observation) -> StageStatus | None:
+    """Before suspending: the stages whose job already succeeded, unrecorded (the status write of that
+    reconcile failed, or the operator restarted before it), are recorded as Succeeded, so that the
+    stage suspended is the one whose job runs now, never a finished one (its job would be deleted,
+    the running one left alone, and the finished stage run again on resume)."""
+    while current is not None:
+        job = obs.jobs.get(current.name)
+        p = plan.stage(current.name)
+        files = obs.files.get(current.name) or StageFiles(exists=False)
+        if job is None or job.deleting or job.phase != "Succeeded" or success.completion_problem(p, files):
+            return current
+        _adopt(r, current, job)
+        _note_usage(r.status, current, files.usage)
+        _stage_done(r, current, p, files)
+        current = next((st for st in r.status.stages if st.phase != "Succeeded"), None)
+    return None
+
+
 def _suspend(r: _Run, current: StageStatus, job: JobState | None) -> Decision:
     if job is not None and not job.deleting:
+        _adopt(r, current, job)  # an attempt the status did not record yet still counts: the next is a new one
         r.decision.actions.append(Action("delete_job", current.name, job.name))
     message = C.SUSPEND_REQUESTED.message(stage=current.name)
     if r.stage_phase(current, "Suspended"):
