@@ -11,8 +11,10 @@ function of the stored status and what is observed (the run's jobs by label and 
 directories under ``--storage-root``): restarting the operator loses nothing, and a job created
 just before a restart is adopted rather than created twice.
 
-Status is written once per reconcile, only when it changed; events go out after that write, so an
-event never announces a transition the status does not show. An Event the API server refuses (5xx,
+Status is written once per reconcile, only when it changed, after the jobs it records are created
+(a job created just before a failed write is adopted by the next pass) and before the jobs it retries
+or suspends are deleted (a failed job's count must not go with it); events go out after the write,
+so an event never announces a transition the status does not show. An Event the API server refuses (5xx,
 429, a timeout) is kept and posted again by the run's next reconciles, up to ``EVENT_ATTEMPTS``
 tries, then counted as dropped (``solar_operator_events_total{result}``); nothing is lost silently.
 """
@@ -134,10 +136,18 @@ class Reconciler:
                                   diagnose=(lambda stage: failure_summary(root / stage)) if root else
                                   (lambda stage: None))
         decision = machine.reconcile(spec, previous, obs)
-        decision = self._act(run, spec, plan, decision, now, generation)
-        new = decision.status.model_dump(mode="json", exclude_none=True)
-        if new != stored:
-            self.kube.patch_run_status(namespace, name, merge_diff(stored, new))
+        written = stored
+        if any(a.kind == "delete_job" for a in decision.actions) and decision.status.phase not in machine.TERMINAL:
+            # why a job goes is written before it goes: a retry's failure count, once its failed job is
+            # deleted, is nowhere else (a final verdict is written after: its job must go first)
+            written = self._write_status(namespace, name, written, decision)
+        try:
+            decision = self._act(run, spec, plan, decision, now, generation)
+        except kopf.TemporaryError:
+            if written is not stored:  # the status is out: so are the Events it announces (kopf retries the rest)
+                self._post_events(run, decision.events)
+            raise
+        self._write_status(namespace, name, written, decision)
         for kind, reason, message in decision.events:
             log.log(logging.WARNING if kind == "Warning" else logging.INFO, f"{namespace}/{name}: {reason}: {message}")
         self._post_events(run, decision.events)
@@ -150,6 +160,12 @@ class Reconciler:
         for _stage, error_type in decision.job_failures:
             metrics.count_stage_failure(error_type)
         return decision
+
+    def _write_status(self, namespace: str, name: str, stored: dict, decision: machine.Decision) -> dict:
+        new = decision.status.model_dump(mode="json", exclude_none=True)
+        if new != stored:
+            self.kube.patch_run_status(namespace, name, merge_diff(stored, new))
+        return new
 
     def _post_events(self, run: dict, events: list) -> None:
         """The run's earlier unposted Events first (in order), then this reconcile's; an Event the

@@ -130,3 +130,57 @@ def test_the_liveness_probe_is_answered_by_the_event_loop():
     (startup,) = [h for h in probes if h.id == "solar-settings"]
     startup.fn(settings=settings)
     assert settings.execution.max_workers == 3 and settings.process.ultimate_exiting_timeout == 600
+
+
+@pytest.mark.parametrize("code, retry_after", [(500, None), (429, 1)])
+def test_job_deletes_the_server_refuses_are_retried_and_a_failure_counts_once(world, code, retry_after):  # noqa: F811
+    """A retry deletes the failed job, a suspend the running one: each delete refused twice (500, or
+    429 with a Retry-After) still happens, the failure is counted once (the status is written before
+    the delete), and the next attempt starts."""
+    refuse = Refuse("DELETE", "/pytorchjobs/", times=2, code=code, retry_after=retry_after)
+    world.cluster.emulator.faults.append(refuse)
+    with world.operator():
+        world.apply(_run("flaky"))
+        world.wait_job("flaky-fm")
+        world.write_stage("flaky", "fm", result="failed", checkpoint=False, steps=(2,), error_type="runtime_error")
+        world.set_job("flaky-fm", "Failed", "exit code 1")
+        wait_for(lambda: (world.jobs().get("flaky-fm") or {}).get("metadata", {}).get("labels", {}).get(
+            "solarwm.io/attempt") == "2", timeout=60, message="attempt 2 after the refused deletes")
+        assert refuse.left == 0 and len(refuse.seen) >= 3
+        stage = world.wait_status("flaky", lambda s: (s.get("stages") or [{}])[0].get("attempt") == 2, "attempt 2")
+        assert (stage["stages"][0]["failures"], stage["stages"][0]["attempt"]) == (1, 2)
+        wait_for(lambda: "StageStarted" in world.event_reasons("flaky")[3:], message="attempt 2's event")
+        assert world.event_reasons("flaky").count("JobFailed") == 1
+
+        refuse.left = 2  # and the suspend's delete of the running attempt
+        world.set_job("flaky-fm", "Running")
+        world.patch_spec("flaky", {"runPolicy": {"suspend": True}})
+        world.wait_phase("flaky", "Suspended", timeout=60)
+        wait_for(lambda: "flaky-fm" not in world.jobs(), timeout=60, message="the suspended job to be deleted")
+        assert refuse.left == 0
+        world.patch_spec("flaky", {"runPolicy": {"suspend": False}})
+        job = world.wait_job("flaky-fm")
+        assert job["metadata"]["labels"]["solarwm.io/attempt"] == "3"
+        status = world.wait_phase("flaky", "Running")
+        assert (status["stages"][0]["failures"], status["stages"][0]["attempt"]) == (1, 3)
+
+
+def test_a_retry_whose_status_write_is_refused_deletes_nothing_and_counts_the_failure(world):  # noqa: F811
+    """The status write that records a failed attempt comes before the failed job's delete: when the
+    server refuses it, the job is still there for the next pass, and the failure is counted (it used to
+    be deleted first, and the failure forgotten with it)."""
+    with world.operator():
+        world.apply(_run("lost"))
+        world.wait_job("lost-fm")
+        world.write_stage("lost", "fm", result="failed", checkpoint=False, steps=(2,), error_type="runtime_error")
+        world.wait_status("lost", lambda s: s.get("step") == 2, "the checkpoint seen")
+        refuse = Refuse("PATCH", "/solarruns/lost/status", times=1, code=409)
+        world.cluster.emulator.faults.append(refuse)
+        deletes = Refuse("DELETE", "/pytorchjobs/lost-fm", times=0)
+        world.cluster.emulator.faults.append(deletes)
+        world.set_job("lost-fm", "Failed", "exit code 1")
+        wait_for(lambda: (world.jobs().get("lost-fm") or {}).get("metadata", {}).get("labels", {}).get(
+            "solarwm.io/attempt") == "2", timeout=60, message="attempt 2")
+        assert refuse.left == 0 and refuse.seen[0] < deletes.seen[0]  # refused before anything was deleted
+        status = world.wait_status("lost", lambda s: s["stages"][0].get("attempt") == 2, "attempt 2 recorded")
+        assert status["stages"][0]["failures"] == 1

@@ -238,6 +238,25 @@ def test_a_suspend_suspends_the_running_stage_when_the_previous_success_was_not_
     assert [a.stage for a in sim.created] == ["fm", "anyflow"]
 
 
+def test_a_failed_job_seen_again_after_its_failure_was_recorded_is_deleted_not_counted_twice():
+    """The operator writes a retry's status before deleting the failed job; when that delete did not
+    happen (the API server refused it, the operator restarted), the next pass deletes it again and
+    counts nothing twice."""
+    sim = Sim()
+    sim.step()
+    sim.jobs["fm"] = JobState("tiny-wan-fm", "Failed", "exit code 1", attempt=1)
+    d = sim.step()
+    assert [(a.kind, a.stage) for a in d.actions] == [("delete_job", "fm")]
+    assert sim.status.stage("fm").failures == 1 and [e[1] for e in d.events] == ["JobFailed"]
+    sim.jobs["fm"] = JobState("tiny-wan-fm", "Failed", "exit code 1", attempt=1)  # the delete did not happen
+    d = sim.step()
+    assert [(a.kind, a.stage) for a in d.actions] == [("delete_job", "fm")] and not d.events
+    assert sim.status.stage("fm").failures == 1 and sim.status.stage("fm").attempt == 1
+    d = sim.step()  # gone now: the next attempt
+    assert [(a.kind, a.stage, a.attempt) for a in d.actions] == [("create_job", "fm", 2)]
+    assert sim.status.stage("fm").failures == 1
+
+
 def test_conditions_keep_their_transition_time_while_unchanged():
     sim = Sim()
     sim.step()

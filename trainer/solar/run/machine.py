@@ -15,7 +15,8 @@ messages in ``conditions``. Stages run in order; the current stage is the first 
     job being deleted                          -> wait for it to go
     job Succeeded                              -> stage Succeeded if success.py agrees, else Failed
                                                   with its reason; then the next stage at once
-    job Failed                                 -> failure.py: delete and retry, or
+    job Failed                                 -> failure.py: delete and retry (counted once: the
+                                                  status is written before the delete), or
                                                   BackoffLimitExceeded (the job is kept);
                                                   StorageFull/StorageError at once (run-result's class)
     job created/pending/running/restarting     -> Pending|Running; progress_deadline.py may fail it
@@ -293,6 +294,11 @@ def _adopt(r: _Run, st: StageStatus, job: JobState) -> None:
 
 def _job_failed(r: _Run, spec: SolarRunSpec, st: StageStatus, job: JobState, files: StageFiles) -> None:
     limit = spec.runPolicy.backoffLimit
+    if st.reason == C.JOB_FAILED.name and job.attempt in (None, st.attempt):
+        # this attempt's failure is already counted (the status is written before its job is deleted,
+        # and that delete did not happen yet): delete it again, count nothing twice
+        r.decision.actions.append(Action("delete_job", st.name, job.name))
+        return
     verdict = failure.on_job_failed(failures=st.failures, backoff_limit=limit, job_message=job.message,
                                     result_message=files.result_message, result_error=files.result_error)
     verdict = dataclasses.replace(verdict, detail=r.explained(st.name, verdict.detail))
