@@ -451,11 +451,11 @@ class Operator:
                                 "first_200": None, "killed": None, "pid": self.proc.pid})
 
     def kill(self) -> float:
+        now = time.monotonic()
+        with self.lock:   # first: a probe answered after this moment is not held against the process
+            self.starts[-1]["killed"] = now
         self.proc.send_signal(signal.SIGKILL)
         self.proc.wait()
-        now = time.monotonic()
-        with self.lock:
-            self.starts[-1]["killed"] = now
         return now
 
     def stop(self) -> None:
@@ -667,6 +667,9 @@ def _drive(world: World, book: Book, plan: list[Run], op: Operator, faults: Faul
             unfinished += 1
         if created == len(plan) and done == len(plan):
             return
+        with book.lock:
+            if book.down and book.down[-1][1] is None and op.ready():
+                book.down[-1][1] = op.starts[-1]["first_200"]
         if op.ready():
             due = False
             if not first_kill_done:
@@ -685,9 +688,6 @@ def _drive(world: World, book: Book, plan: list[Run], op: Operator, faults: Faul
                 _say(f"kill {killed}/{kills} at {t - started:.1f}s ({done} runs finished)")
                 time.sleep(rng.uniform(0.2, 1.0))
                 op.start()
-        with book.lock:
-            if book.down and book.down[-1][1] is None and op.ready():
-                book.down[-1][1] = op.starts[-1]["first_200"]
         time.sleep(0.05)
     _say(f"timed out after {timeout:.0f}s: {sum(1 for r in plan if book.finished(r))} of {len(plan)} runs finished")
 

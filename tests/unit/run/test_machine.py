@@ -255,6 +255,15 @@ def test_a_failed_job_seen_again_after_its_failure_was_recorded_is_deleted_not_c
     d = sim.step()  # gone now: the next attempt
     assert [(a.kind, a.stage, a.attempt) for a in d.actions] == [("create_job", "fm", 2)]
     assert sim.status.stage("fm").failures == 1
+    # attempt 2 adopted from the jobs (the status write that recorded its start was lost) and failed:
+    # a failure of its own, counted
+    sim.status.stages[0].attempt, sim.status.stages[0].reason = 1, "JobFailed"
+    sim.jobs["fm"] = JobState("tiny-wan-fm", "Running", attempt=2)
+    sim.step()
+    assert sim.status.stage("fm").attempt == 2 and sim.status.stage("fm").reason is None
+    sim.jobs["fm"] = JobState("tiny-wan-fm", "Failed", "exit code 1", attempt=2)
+    d = sim.step()
+    assert sim.status.stage("fm").failures == 2 and [e[1] for e in d.events] == ["BackoffLimitExceeded"]  # limit 1
 
 
 def test_conditions_keep_their_transition_time_while_unchanged():

@@ -287,6 +287,8 @@ def _adopt(r: _Run, st: StageStatus, job: JobState) -> None:
     attempt = job.attempt or max(st.attempt, 1)
     if st.job == job.name and st.attempt == attempt:
         return
+    if attempt != st.attempt:  # a new attempt, as _start records one: the last one's failure is not its own
+        st.reason = st.message = None
     st.job, st.attempt = job.name, attempt
     st.startTime = st.startTime or iso(job.created if job.created is not None else r.now)
     r.event("Normal", C.JOB_ADOPTED, C.JOB_ADOPTED.message(stage=st.name, job=job.name, attempt=attempt))
