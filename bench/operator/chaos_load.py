@@ -811,10 +811,13 @@ def main() -> None:
     parser.add_argument("--active", type=int, default=60, help="unfinished runs at most at a time")
     parser.add_argument("--liveness-bound", type=float, default=1.0, help="seconds a /healthz answer may take")
     parser.add_argument("--timeout", type=float, default=3600.0)
+    parser.add_argument("--no-api-faults", action="store_true", help="the peer: the same load, no API faults "
+                        "(with --kills 0: no faults at all)")
     parser.add_argument("--out", type=Path, help="also write the JSON here")
     args = parser.parse_args()
+    rates = FaultRates(0.0, 0.0, 0.0, 0.0, 0.0) if args.no_api_faults else FaultRates()
     result = chaos(runs=args.runs, kills=args.kills, seed=args.seed, poll_seconds=args.poll_seconds,
-                   active=args.active, liveness_bound=args.liveness_bound, timeout=args.timeout)
+                   active=args.active, liveness_bound=args.liveness_bound, timeout=args.timeout, rates=rates)
     text = json.dumps(result, indent=2)
     print(text)
     if args.out:

@@ -36,16 +36,22 @@ log = logging.getLogger("solar_operator")
 def api_client(url: str | None = None):
     """A ``kubernetes`` ApiClient: ``url`` (tests), else in-cluster config, else ``$KUBECONFIG``."""
     from kubernetes import client, config
+    from urllib3.util import Retry
 
     if url is not None:
         configuration = client.Configuration()
         configuration.host = url
-        return client.ApiClient(configuration)
-    try:
-        config.load_incluster_config()
-    except config.ConfigException:
-        config.load_kube_config()
-    return client.ApiClient()
+    else:
+        try:
+            config.load_incluster_config()
+        except config.ConfigException:
+            config.load_kube_config()
+        configuration = client.Configuration.get_default_copy()
+    # A connection that could not be made is tried again at once; a request sent and not answered in
+    # time is not (urllib3 would send a GET three more times, four deadlines in all): that failure is
+    # the handler's, retried by kopf after its delay.
+    configuration.retries = Retry(total=None, connect=3, read=0, redirect=0, status=0)
+    return client.ApiClient(configuration)
 
 
 class Kube:

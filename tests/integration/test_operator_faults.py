@@ -17,7 +17,7 @@ import pytest
 from solar_operator import errors as operator_errors
 from solar_operator import handlers, metrics
 from tests.integration.test_operator_flow import _run, world  # noqa: F401 (the fixture)
-from tests.support.kube import ApiError, wait_for
+from tests.support.kube import ApiError, Slow, wait_for
 
 pytestmark = pytest.mark.timeout(180)
 
@@ -83,6 +83,11 @@ def test_retry_after_sets_the_retry_delay_capped():
     assert operator_errors.translate(Exc(500, {}), "create").delay == 5.0
     assert operator_errors.translate(Exc(429, {"Retry-After": "Wed, 21 Oct 2026 07:28:00 GMT"}), "x").delay == 5.0
     assert isinstance(operator_errors.translate(Exc(422, {}), "create"), operator_errors.Rejected)
+    # the handlers' retries: the server's Retry-After, else 1, 2, 4 ... s by kopf's retry count, capped
+    busy = operator_errors.translate(Exc(429, {"Retry-After": "7"}), "x")
+    down = operator_errors.translate(Exc(500, {}), "x")
+    assert [operator_errors.backoff(down, retry).delay for retry in (0, 1, 3, 10)] == [1.0, 2.0, 8.0, 60.0]
+    assert [operator_errors.backoff(busy, retry).delay for retry in (0, 5)] == [7.0, 7.0]
 
 
 def test_triggers_of_a_busy_run_are_coalesced_not_queued(world):  # noqa: F811
@@ -184,3 +189,17 @@ def test_a_retry_whose_status_write_is_refused_deletes_nothing_and_counts_the_fa
         assert refuse.left == 0 and refuse.seen[0] < deletes.seen[0]  # refused before anything was deleted
         status = world.wait_status("lost", lambda s: s["stages"][0].get("attempt") == 2, "attempt 2 recorded")
         assert status["stages"][0]["failures"] == 1
+
+
+def test_an_api_call_the_server_does_not_answer_in_time_is_retried_later(world):  # noqa: F811
+    """A server that takes the request and does not answer: the call ends at its deadline as a
+    temporary error (kopf re-runs the handler), instead of holding a worker and the run for ever."""
+    from solar_operator.kube import REQUEST_TIMEOUT, Kube, api_client
+
+    assert REQUEST_TIMEOUT[1] <= 60  # the shipped deadline is finite
+    world.cluster.emulator.faults.append(lambda method, path: Slow(2) if "/solarruns/hung" in path else None)
+    kube = Kube(api_client(world.cluster.url), timeout=(1.0, 0.5))
+    started = time.monotonic()
+    with pytest.raises(operator_errors.ApiUnavailable, match="get solarrun .*/hung"):
+        kube.get_run(world.namespace, "hung")
+    assert time.monotonic() - started < 1.5
