@@ -17,7 +17,7 @@ pytestmark = [pytest.mark.slow, pytest.mark.timeout(300)]
 
 
 def test_thirty_runs_five_kills_and_api_faults_lose_nothing(tmp_path):
-    result = chaos(runs=30, kills=5, seed=7, poll_seconds=2.0, active=30, liveness_bound=5.0, timeout=200,
+    result = chaos(runs=30, kills=5, seed=7, poll_seconds=3.0, active=30, liveness_bound=5.0, timeout=200,
                    workdir=tmp_path / "chaos")
     assert result["failures"] == {k: 0 for k in result["failures"]}, (result["details"], result["operator_log"])
     assert result["kills"] == 5 and not result["harness_errors"]
