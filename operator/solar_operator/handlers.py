@@ -7,7 +7,8 @@ can be started, stopped and started again in one process with fresh handlers (te
 - SolarRun created / resumed at operator start / spec changed -> reconcile
 - every ``poll_seconds`` while the run is not finished         -> reconcile (stage files have no watch)
 - any change of a PyTorchJob labelled with a run              -> reconcile that run (a finished job
-                                                                  starts the next stage at once)
+                                                                  starts the next stage at once), unless
+                                                                  its last pass saw that very version
 - every SolarRun watch event                                   -> the metrics' view of current runs
 - SolarRun deleted                                             -> forget its plan and unposted Events
                                                                   (its jobs go with it: owner references)
@@ -103,8 +104,8 @@ def register(registry: kopf.OperatorRegistry, *, poll_seconds: float = 10.0, wor
 
     @kopf.on.event(JOB_GROUP, JOB_VERSION, JOB_PLURAL, labels={RUN_LABEL: kopf.PRESENT}, id="job-changed",
                    registry=registry)
-    def job_changed(namespace: str, labels, memo: kopf.Memo, **_) -> None:
-        memo.runs.reconcile(namespace, labels[RUN_LABEL], "job")
+    def job_changed(namespace: str, name: str, labels, meta, memo: kopf.Memo, **_) -> None:
+        memo.runs.job_changed(namespace, labels[RUN_LABEL], name, meta.get("resourceVersion"))
 
     @kopf.on.probe(id="runs", registry=registry)
     async def runs_known(**_) -> int:  # async: answered by the event loop, not queued in the thread pool

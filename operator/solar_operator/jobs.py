@@ -138,7 +138,8 @@ def state(job: dict) -> JobState:
     meta = job["metadata"]
     attempt = (meta.get("labels") or {}).get(ATTEMPT_LABEL, "")
     return JobState(meta["name"], last.get("type"), last.get("message", ""), bool(meta.get("deletionTimestamp")),
-                    int(attempt) if attempt.isdigit() else None, parse_iso(meta.get("creationTimestamp")))
+                    int(attempt) if attempt.isdigit() else None, parse_iso(meta.get("creationTimestamp")),
+                    meta.get("resourceVersion"))
 
 
 def owned_by(job: dict, run: dict) -> bool:

@@ -69,13 +69,27 @@ class Reconciler:
         # Events still to post, per run: [run, kind, reason, message, tries]
         self._events: dict[tuple[str, str], list[list]] = {}
         self._plans: dict[str, tuple[int, RunPlan | RunInvalid]] = {}  # uid -> (generation, plan)
+        # run -> {job: resourceVersion} its last successful pass saw: a job event that brings nothing
+        # newer (kopf's listing after a start or a broken watch) needs no pass of its own
+        self._seen: dict[tuple[str, str], dict[str, str | None]] = {}
 
     def forget(self, namespace: str, name: str, uid: str | None) -> None:
         """A deleted run: drop its cached plan and the Events it can no longer receive."""
         with self._guard:
             self._plans.pop(uid, None)
+            self._seen.pop((namespace, name), None)
             for _ in self._events.pop((namespace, name), []):
                 metrics.EVENTS.labels(result="dropped").inc()
+
+    def job_changed(self, namespace: str, name: str, job: str, version: str | None) -> machine.Decision | None:
+        """A job of the run changed: reconcile, unless the run's last successful pass already saw this
+        very version of it (a failed pass records nothing, so its trigger is never skipped)."""
+        with self._guard:
+            unchanged = version is not None and self._seen.get((namespace, name), {}).get(job) == version
+        if unchanged:
+            metrics.RECONCILE.labels(handler="job", result="unchanged").inc()
+            return None
+        return self.reconcile(namespace, name, "job")
 
     def reconcile(self, namespace: str, name: str, handler: str) -> machine.Decision | None:
         """Reconcile the run now, or, when a reconcile of it is in flight, have that one run again
@@ -159,12 +173,16 @@ class Reconciler:
                 metrics.count_stage_gpu_seconds(spec.family, p.route, p.action, ended.usage.gpuSeconds)
         for _stage, error_type in decision.job_failures:
             metrics.count_stage_failure(error_type)
+        with self._guard:
+            self._seen[(namespace, name)] = {job.name: job.version for job in jobs.values()}
         return decision
 
     def _write_status(self, namespace: str, name: str, stored: dict, decision: machine.Decision) -> dict:
+        """Write the decision's status when it differs from ``stored``; what the server now holds."""
         new = decision.status.model_dump(mode="json", exclude_none=True)
-        if new != stored:
-            self.kube.patch_run_status(namespace, name, merge_diff(stored, new))
+        if new == stored:
+            return stored
+        self.kube.patch_run_status(namespace, name, merge_diff(stored, new))
         return new
 
     def _post_events(self, run: dict, events: list) -> None:

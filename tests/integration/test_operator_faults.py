@@ -203,3 +203,32 @@ def test_an_api_call_the_server_does_not_answer_in_time_is_retried_later(world):
     with pytest.raises(operator_errors.ApiUnavailable, match="get solarrun .*/hung"):
         kube.get_run(world.namespace, "hung")
     assert time.monotonic() - started < 1.5
+
+
+def test_a_job_event_bringing_nothing_new_needs_no_pass_and_a_failed_pass_skips_nothing(world):  # noqa: F811
+    """kopf lists every job again after a start or a broken watch: a job event whose version the run's
+    last successful pass already saw is not reconciled again; any newer version is, and so is every
+    event after a pass that failed."""
+    from solar_operator.main import reconciler
+
+    r = reconciler(world.storage, url=world.cluster.url)
+    world.apply(_run("quiet"))
+    assert r.reconcile(world.namespace, "quiet", "create") is not None
+    job = world.jobs()["quiet-fm"]
+    version = job["metadata"]["resourceVersion"]
+    gets = Refuse("GET", "/solarruns/quiet", times=0)
+    world.cluster.emulator.faults.append(gets)
+    assert r.reconcile(world.namespace, "quiet", "poll") is not None  # this pass saw the job it created
+    before = len(gets.seen)
+    assert r.job_changed(world.namespace, "quiet", "quiet-fm", version) is None and len(gets.seen) == before
+    world.set_job("quiet-fm", "Running")
+    newer = world.jobs()["quiet-fm"]["metadata"]["resourceVersion"]
+    assert r.job_changed(world.namespace, "quiet", "quiet-fm", newer) is not None  # a real change: a pass
+    gets.left = 1  # the next pass fails: nothing it saw counts as seen
+    world.set_job("quiet-fm", "Succeeded")
+    latest = world.jobs()["quiet-fm"]["metadata"]["resourceVersion"]
+    with pytest.raises(operator_errors.ApiUnavailable):
+        r.job_changed(world.namespace, "quiet", "quiet-fm", latest)
+    seen = len(gets.seen)
+    r.job_changed(world.namespace, "quiet", "quiet-fm", latest)
+    assert len(gets.seen) == seen + 1

@@ -61,6 +61,7 @@ class JobState:
     deleting: bool = False     # deletion requested (deletionTimestamp set): wait until it is gone
     attempt: int | None = None  # the attempt it runs (the job's solarwm.io/attempt label)
     created: float | None = None  # when it was created (epoch seconds)
+    version: str | None = None  # the API object's resourceVersion (an unchanged job needs no second look)
 
 
 @dataclass
