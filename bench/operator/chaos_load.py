@@ -769,11 +769,14 @@ def _report(book: Book, op: Operator, faults: Faults, plan: list[Run], poll: flo
     # liveness: after each process first answered, until it was killed
     slow = missing = 0
     first = [s["first_200"] - s["started"] for s in op.starts if s["first_200"] is not None]
-    answered = []
+    answered, late = [], []
     for index, asked, took in op.answers:
         f = op.starts[index]["first_200"]
         if f is None or asked + (took or 0) < f:   # still starting
             continue
+        if took is None or took > bound:
+            late.append(f"process {index}, {asked - op.starts[index]['started']:.1f}s after its start: "
+                        + ("no answer" if took is None else f"{took:.2f}s"))
         if took is None:
             missing += 1
         else:
@@ -787,7 +790,7 @@ def _report(book: Book, op: Operator, faults: Faults, plan: list[Run], poll: flo
     out["details"] = {k: v[:10] for k, v in {
         "duplicate_jobs": duplicates, "stages_skipped": book.skipped, "stages_run_twice": book.twice,
         "runs_stuck": stuck, "status_regressions": book.regressions, "wrong_outcomes": wrong,
-        "miscounted": miscounted, "unfinished": unfinished}.items() if v}
+        "miscounted": miscounted, "unfinished": unfinished, "liveness_late": late}.items() if v}
     out["stuck_limit_seconds"] = stuck_limit
     out["kills"] = len(book.down)
     out["jobs_created"] = len(book.jobs)
