@@ -13,7 +13,12 @@ import kopf
 
 
 class ApiUnavailable(kopf.TemporaryError):
-    """The API server did not answer, or answered 429/5xx: try again shortly."""
+    """The API server did not answer, or answered 429/5xx/409: try again shortly. ``retry_after``: the
+    server's own delay, when it sent one."""
+
+    def __init__(self, message: str, *, delay: float, retry_after: float | None = None) -> None:
+        super().__init__(message, delay=delay)
+        self.retry_after = retry_after
 
 
 class Forbidden(kopf.TemporaryError):
@@ -60,4 +65,15 @@ def translate(exc, what: str) -> kopf.TemporaryError | kopf.PermanentError:
         return Forbidden(text, delay=MAX_RETRY_DELAY)
     wait = retry_after(exc)
     delay = RETRY_DELAY if wait is None else min(max(wait, 1.0), MAX_RETRY_DELAY)
-    return ApiUnavailable(text, delay=delay)
+    return ApiUnavailable(text, delay=delay, retry_after=delay if wait is not None else None)
+
+
+FIRST_BACKOFF = 1.0
+
+
+def backoff(exc: ApiUnavailable, retry: int) -> ApiUnavailable:
+    """The same error, to be retried after the server's Retry-After when it sent one, else after a
+    backoff that doubles with kopf's ``retry`` count (1, 2, 4 ... s), capped at ``MAX_RETRY_DELAY``."""
+    delay = exc.retry_after if exc.retry_after is not None else min(FIRST_BACKOFF * 2 ** max(retry, 0),
+                                                                    MAX_RETRY_DELAY)
+    return ApiUnavailable(str(exc), delay=delay, retry_after=exc.retry_after)

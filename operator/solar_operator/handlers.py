@@ -7,11 +7,16 @@ can be started, stopped and started again in one process with fresh handlers (te
 - SolarRun created / resumed at operator start / spec changed -> reconcile
 - every ``poll_seconds`` while the run is not finished         -> reconcile (stage files have no watch)
 - any change of a PyTorchJob or TrainJob labelled with a run  -> reconcile that run (a finished job
-                                                                  starts the next stage at once); only
-                                                                  the kinds in ``backends`` are watched
+                                                                  starts the next stage at once), unless
+                                                                  its last pass saw that very version;
+                                                                  only the kinds in ``backends`` are watched
 - every SolarRun watch event                                   -> the metrics' view of current runs
 - SolarRun deleted                                             -> forget its plan and unposted Events
                                                                   (its jobs go with it: owner references)
+
+A pass the API server fails (5xx, 429, 409, no answer in time) is retried by kopf after the
+server's Retry-After, else after 1, 2, 4 ... s (capped at a minute): never by sleeping in a worker.
+A job's own events are not retried (the poll is the fallback).
 
 The liveness probe is async: it answers from the event loop at once, never queued behind
 reconciles in kopf's thread pool (``workers`` threads), and says only that the process and its
@@ -26,7 +31,7 @@ import logging
 import kopf
 
 from solar.run.spec import GROUP, PLURAL, VERSION
-from solar_operator import metrics, trainjobs
+from solar_operator import errors, metrics, trainjobs
 from solar_operator.jobs import RUN_LABEL
 from solar_operator.kube import JOB_GROUP, JOB_PLURAL, JOB_VERSION
 
@@ -41,6 +46,15 @@ def _active(status, namespace: str, name: str, memo: kopf.Memo, **_) -> bool:
         return True
     runs = getattr(memo, "runs", None)
     return runs is not None and runs.pending_events(namespace, name) > 0
+
+
+def _reconcile(memo: kopf.Memo, namespace: str, name: str, handler: str, retry: int) -> None:
+    """A pass the API server failed is retried by kopf after the server's Retry-After, else after a
+    backoff that doubles with each failed try of this handler (errors.backoff)."""
+    try:
+        memo.runs.reconcile(namespace, name, handler)
+    except errors.ApiUnavailable as exc:
+        raise errors.backoff(exc, retry) from None
 
 
 def configure(settings: kopf.OperatorSettings) -> None:
@@ -66,20 +80,20 @@ def register(registry: kopf.OperatorRegistry, *, poll_seconds: float = 10.0, wor
         metrics.RUNS.clear()  # a restarted operator in the same process re-learns runs from its watch
 
     @kopf.on.create(GROUP, VERSION, PLURAL, id="run-created", registry=registry)
-    def created(namespace: str, name: str, memo: kopf.Memo, **_) -> None:
-        memo.runs.reconcile(namespace, name, "create")
+    def created(namespace: str, name: str, memo: kopf.Memo, retry: int, **_) -> None:
+        _reconcile(memo, namespace, name, "create", retry)
 
     @kopf.on.resume(GROUP, VERSION, PLURAL, id="run-resumed", registry=registry)
-    def resumed(namespace: str, name: str, memo: kopf.Memo, **_) -> None:
-        memo.runs.reconcile(namespace, name, "resume")
+    def resumed(namespace: str, name: str, memo: kopf.Memo, retry: int, **_) -> None:
+        _reconcile(memo, namespace, name, "resume", retry)
 
     @kopf.on.update(GROUP, VERSION, PLURAL, field="spec", id="run-updated", registry=registry)
-    def updated(namespace: str, name: str, memo: kopf.Memo, **_) -> None:
-        memo.runs.reconcile(namespace, name, "update")
+    def updated(namespace: str, name: str, memo: kopf.Memo, retry: int, **_) -> None:
+        _reconcile(memo, namespace, name, "update", retry)
 
     @kopf.timer(GROUP, VERSION, PLURAL, interval=poll_seconds, id="run-poll", when=_active, registry=registry)
-    def poll(namespace: str, name: str, memo: kopf.Memo, **_) -> None:
-        memo.runs.reconcile(namespace, name, "poll")
+    def poll(namespace: str, name: str, memo: kopf.Memo, retry: int, **_) -> None:
+        _reconcile(memo, namespace, name, "poll", retry)
 
     @kopf.on.delete(GROUP, VERSION, PLURAL, id="run-deleted", optional=True, registry=registry)
     def deleted(namespace: str, name: str, uid: str, memo: kopf.Memo, **_) -> None:
@@ -92,14 +106,14 @@ def register(registry: kopf.OperatorRegistry, *, poll_seconds: float = 10.0, wor
     if "PyTorchJob" in backends:
         @kopf.on.event(JOB_GROUP, JOB_VERSION, JOB_PLURAL, labels={RUN_LABEL: kopf.PRESENT}, id="job-changed",
                        registry=registry)
-        def job_changed(namespace: str, labels, memo: kopf.Memo, **_) -> None:
-            memo.runs.reconcile(namespace, labels[RUN_LABEL], "job")
+        def job_changed(namespace: str, name: str, labels, meta, memo: kopf.Memo, **_) -> None:
+            memo.runs.job_changed(namespace, labels[RUN_LABEL], name, meta.get("resourceVersion"))
 
     if "TrainJob" in backends:
         @kopf.on.event(trainjobs.GROUP, trainjobs.VERSION, trainjobs.PLURAL, labels={RUN_LABEL: kopf.PRESENT},
                        id="trainjob-changed", registry=registry)
-        def trainjob_changed(namespace: str, labels, memo: kopf.Memo, **_) -> None:
-            memo.runs.reconcile(namespace, labels[RUN_LABEL], "job")
+        def trainjob_changed(namespace: str, name: str, labels, meta, memo: kopf.Memo, **_) -> None:
+            memo.runs.job_changed(namespace, labels[RUN_LABEL], name, meta.get("resourceVersion"))
 
     @kopf.on.probe(id="runs", registry=registry)
     async def runs_known(**_) -> int:  # async: answered by the event loop, not queued in the thread pool

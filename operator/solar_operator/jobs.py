@@ -147,7 +147,8 @@ def job_state(job: dict, phase: str | None, message: str, suspended: bool, condi
     ours = (meta.get("annotations") or {}).get(SUSPEND_ANNOTATION) == "true"
     return JobState(meta["name"], phase, message, bool(meta.get("deletionTimestamp")),
                     int(attempt) if attempt.isdigit() else None, parse_iso(meta.get("creationTimestamp")),
-                    suspended=suspended, suspended_by_operator=suspended and ours, resumed=resumed_at)
+                    suspended=suspended, suspended_by_operator=suspended and ours, resumed=resumed_at,
+                    version=meta.get("resourceVersion"))
 
 
 def owned_by(job: dict, run: dict) -> bool:

@@ -9,6 +9,10 @@ The status is written with a JSON merge patch on the ``/status`` subresource and
 resourceVersion precondition: the operator is the only writer of ``.status`` (one replica,
 ``Recreate``) and serialises reconciles of a run, so a precondition would only turn kopf's own
 annotation patches into spurious conflicts.
+
+Every call has a deadline (``REQUEST_TIMEOUT``: connect, read): an API server that accepts a
+connection and never answers must not hold a handler thread, and with it the run's reconcile, for
+ever; a call that runs out of time is an ``ApiUnavailable`` like a 503, retried later.
 """
 
 from __future__ import annotations
@@ -25,26 +29,33 @@ from solar_operator import errors
 
 JOB_GROUP, JOB_VERSION, JOB_PLURAL = "kubeflow.org", "v1", "pytorchjobs"
 COMPONENT = "solar-operator"
+REQUEST_TIMEOUT = (5.0, 30.0)  # seconds to connect, seconds to wait for the answer
 log = logging.getLogger("solar_operator")
 
 
 def api_client(url: str | None = None):
     """A ``kubernetes`` ApiClient: ``url`` (tests), else in-cluster config, else ``$KUBECONFIG``."""
     from kubernetes import client, config
+    from urllib3.util import Retry
 
     if url is not None:
         configuration = client.Configuration()
         configuration.host = url
-        return client.ApiClient(configuration)
-    try:
-        config.load_incluster_config()
-    except config.ConfigException:
-        config.load_kube_config()
-    return client.ApiClient()
+    else:
+        try:
+            config.load_incluster_config()
+        except config.ConfigException:
+            config.load_kube_config()
+        configuration = client.Configuration.get_default_copy()
+    # A connection that could not be made is tried again at once; a request sent and not answered in
+    # time is not (urllib3 would send a GET three more times, four deadlines in all): that failure is
+    # the handler's, retried by kopf after its delay.
+    configuration.retries = Retry(total=None, connect=3, read=0, redirect=0, status=0)
+    return client.ApiClient(configuration)
 
 
 class Kube:
-    def __init__(self, api) -> None:
+    def __init__(self, api, *, timeout: tuple[float, float] = REQUEST_TIMEOUT) -> None:
         import urllib3
         from kubernetes import client
 
@@ -53,10 +64,11 @@ class Kube:
         self._exc = client.exceptions.ApiException
         self._down = (OSError, urllib3.exceptions.HTTPError)  # refused, reset, timed out
         self._instance = os.environ.get("POD_NAME") or socket.gethostname()
+        self.timeout = timeout
 
     def _call(self, what: str, fn, *args, missing=None, **kwargs):
         try:
-            return fn(*args, **kwargs)
+            return fn(*args, _request_timeout=self.timeout, **kwargs)
         except self._exc as exc:
             if exc.status == 404:
                 return missing
@@ -90,7 +102,7 @@ class Kube:
         meta = manifest["metadata"]
         try:
             self.custom.create_namespaced_custom_object(JOB_GROUP, JOB_VERSION, meta["namespace"], JOB_PLURAL,
-                                                        manifest)
+                                                        manifest, _request_timeout=self.timeout)
             return True
         except self._exc as exc:
             if exc.status == 409:
@@ -127,7 +139,7 @@ class Kube:
             "reportingComponent": f"{RUN_GROUP}/operator", "reportingInstance": self._instance[:128]})
         what = f"post event {reason} on {meta['namespace']}/{meta['name']}"
         try:
-            self.core.create_namespaced_event(meta["namespace"], body)
+            self.core.create_namespaced_event(meta["namespace"], body, _request_timeout=self.timeout)
         except self._exc as exc:
             if exc.status == 404:  # the namespace or run is gone: nobody to tell
                 return

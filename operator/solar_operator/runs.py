@@ -11,8 +11,10 @@ function of the stored status and what is observed (the run's jobs by label and 
 directories under ``--storage-root``): restarting the operator loses nothing, and a job created
 just before a restart is adopted rather than created twice.
 
-Status is written once per reconcile, only when it changed; events go out after that write, so an
-event never announces a transition the status does not show. An Event the API server refuses (5xx,
+Status is written once per reconcile, only when it changed, after the jobs it records are created
+(a job created just before a failed write is adopted by the next pass) and before the jobs it retries
+or suspends are deleted (a failed job's count must not go with it); events go out after the write,
+so an event never announces a transition the status does not show. An Event the API server refuses (5xx,
 429, a timeout) is kept and posted again by the run's next reconciles, up to ``EVENT_ATTEMPTS``
 tries, then counted as dropped (``solar_operator_events_total{result}``); nothing is lost silently.
 """
@@ -67,13 +69,27 @@ class Reconciler:
         # Events still to post, per run: [run, kind, reason, message, tries]
         self._events: dict[tuple[str, str], list[list]] = {}
         self._plans: dict[str, tuple[int, RunPlan | RunInvalid]] = {}  # uid -> (generation, plan)
+        # run -> {job: resourceVersion} its last successful pass saw: a job event that brings nothing
+        # newer (kopf's listing after a start or a broken watch) needs no pass of its own
+        self._seen: dict[tuple[str, str], dict[str, str | None]] = {}
 
     def forget(self, namespace: str, name: str, uid: str | None) -> None:
         """A deleted run: drop its cached plan and the Events it can no longer receive."""
         with self._guard:
             self._plans.pop(uid, None)
+            self._seen.pop((namespace, name), None)
             for _ in self._events.pop((namespace, name), []):
                 metrics.EVENTS.labels(result="dropped").inc()
+
+    def job_changed(self, namespace: str, name: str, job: str, version: str | None) -> machine.Decision | None:
+        """A job of the run changed: reconcile, unless the run's last successful pass already saw this
+        very version of it (a failed pass records nothing, so its trigger is never skipped)."""
+        with self._guard:
+            unchanged = version is not None and self._seen.get((namespace, name), {}).get(job) == version
+        if unchanged:
+            metrics.RECONCILE.labels(handler="job", result="unchanged").inc()
+            return None
+        return self.reconcile(namespace, name, "job")
 
     def reconcile(self, namespace: str, name: str, handler: str) -> machine.Decision | None:
         """Reconcile the run now, or, when a reconcile of it is in flight, have that one run again
@@ -140,10 +156,20 @@ class Reconciler:
         decision = machine.reconcile(spec, previous, obs)
         if plan is not None and decision.status.backend is None:
             decision.status.backend = self.backend.name(run)
-        decision = self._act(run, spec, plan, decision, now, generation)
-        new = decision.status.model_dump(mode="json", exclude_none=True)
-        if new != stored:
-            self.kube.patch_run_status(namespace, name, merge_diff(stored, new))
+        written = stored
+        if any(a.kind in ("delete_job", "suspend_job") for a in decision.actions) and \
+                decision.status.phase not in machine.TERMINAL:
+            # why a job goes (or is suspended) is written before it goes: a retry's failure count, once
+            # its failed job is deleted, is nowhere else (a final verdict is written after: its job
+            # must go first)
+            written = self._write_status(namespace, name, written, decision)
+        try:
+            decision = self._act(run, spec, plan, decision, now, generation)
+        except kopf.TemporaryError:
+            if written is not stored:  # the status is out: so are the Events it announces (kopf retries the rest)
+                self._post_events(run, decision.events)
+            raise
+        self._write_status(namespace, name, written, decision)
         for kind, reason, message in decision.events:
             log.log(logging.WARNING if kind == "Warning" else logging.INFO, f"{namespace}/{name}: {reason}: {message}")
         self._post_events(run, decision.events)
@@ -155,7 +181,17 @@ class Reconciler:
                 metrics.count_stage_gpu_seconds(spec.family, p.route, p.action, ended.usage.gpuSeconds)
         for _stage, error_type in decision.job_failures:
             metrics.count_stage_failure(error_type)
+        with self._guard:
+            self._seen[(namespace, name)] = {job.name: job.version for job in jobs.values()}
         return decision
+
+    def _write_status(self, namespace: str, name: str, stored: dict, decision: machine.Decision) -> dict:
+        """Write the decision's status when it differs from ``stored``; what the server now holds."""
+        new = decision.status.model_dump(mode="json", exclude_none=True)
+        if new == stored:
+            return stored
+        self.kube.patch_run_status(namespace, name, merge_diff(stored, new))
+        return new
 
     def _post_events(self, run: dict, events: list) -> None:
         """The run's earlier unposted Events first (in order), then this reconcile's; an Event the

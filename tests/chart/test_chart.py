@@ -99,7 +99,11 @@ def test_the_deployment_runs_the_real_operator_cli_safely(tmp_path):
     ports = {p["name"]: p["containerPort"] for p in container["ports"]}
     assert ports == {"metrics": args.metrics_port, "health": 8081}
     assert args.liveness == "http://0.0.0.0:8081/healthz"
-    assert container["livenessProbe"]["httpGet"] == {"path": "/healthz", "port": "health"}
+    # both probes read /healthz (the process and its event loop answer); readiness waits for nothing more
+    assert container["livenessProbe"] == {"httpGet": {"path": "/healthz", "port": "health"}, "initialDelaySeconds": 10,
+                                          "periodSeconds": 20, "timeoutSeconds": 5, "failureThreshold": 3}
+    assert container["readinessProbe"] == {"httpGet": {"path": "/healthz", "port": "health"}, "periodSeconds": 10,
+                                           "timeoutSeconds": 5, "failureThreshold": 3}
     assert {e["name"]: e["value"] for e in container["env"]}["SOLAR_OPERATOR_POLL_SECONDS"] == "2.5"
     security = container["securityContext"]
     assert security["readOnlyRootFilesystem"] and not security["allowPrivilegeEscalation"]
@@ -107,6 +111,16 @@ def test_the_deployment_runs_the_real_operator_cli_safely(tmp_path):
     assert pod["securityContext"]["runAsNonRoot"] and pod["securityContext"]["runAsUser"] != 0
     assert container["resources"]["requests"] and container["resources"]["limits"]["memory"]
     assert pod["serviceAccountName"] == "ops" and "ServiceAccount" not in _by_kind(docs)
+
+
+def test_probe_timings_come_from_the_values(tmp_path):
+    values = {"operator": {"livenessProbe": {"initialDelaySeconds": 30, "periodSeconds": 10, "timeoutSeconds": 2,
+                                             "failureThreshold": 6},
+                           "readinessProbe": {"periodSeconds": 5, "timeoutSeconds": 1, "failureThreshold": 1}}}
+    (container,) = _only(render(tmp_path, values), "Deployment")["spec"]["template"]["spec"]["containers"]
+    for probe in ("livenessProbe", "readinessProbe"):
+        assert container[probe] == {"httpGet": {"path": "/healthz", "port": "health"},
+                                    **values["operator"][probe]}
 
 
 def test_namespace_scoped_mode_watches_only_its_namespaces(tmp_path):
@@ -281,6 +295,8 @@ BAD_VALUES = [
     ({"operator": {"logLevel": "loud"}}, "/operator/logLevel"),
     ({"operator": {"metricsPort": 0}}, "/operator/metricsPort"),
     ({"operator": {"pollSeconds": 0}}, "/operator/pollSeconds"),
+    ({"operator": {"livenessProbe": {"periodSeconds": 0}}}, "/operator/livenessProbe/periodSeconds"),
+    ({"operator": {"readinessProbe": {"path": "/ready"}}}, "additional properties 'path' not allowed"),
     ({"watch": {"namespaces": ["Team_A"]}}, "/watch/namespaces/0"),
     ({"storage": {"volume": {"nfs": {"server": "a", "path": "/"}, "hostPath": {"path": "/x"}}}}, "/storage/volume"),
     ({"storage": {"claimName": ""}}, "storage.claimName or storage.volume must name the run storage"),

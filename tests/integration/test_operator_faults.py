@@ -17,7 +17,7 @@ import pytest
 from solar_operator import errors as operator_errors
 from solar_operator import handlers, metrics
 from tests.integration.test_operator_flow import _run, world  # noqa: F401 (the fixture)
-from tests.support.kube import ApiError, wait_for
+from tests.support.kube import ApiError, Slow, wait_for
 
 pytestmark = pytest.mark.timeout(180)
 
@@ -83,6 +83,11 @@ def test_retry_after_sets_the_retry_delay_capped():
     assert operator_errors.translate(Exc(500, {}), "create").delay == 5.0
     assert operator_errors.translate(Exc(429, {"Retry-After": "Wed, 21 Oct 2026 07:28:00 GMT"}), "x").delay == 5.0
     assert isinstance(operator_errors.translate(Exc(422, {}), "create"), operator_errors.Rejected)
+    # the handlers' retries: the server's Retry-After, else 1, 2, 4 ... s by kopf's retry count, capped
+    busy = operator_errors.translate(Exc(429, {"Retry-After": "7"}), "x")
+    down = operator_errors.translate(Exc(500, {}), "x")
+    assert [operator_errors.backoff(down, retry).delay for retry in (0, 1, 3, 10)] == [1.0, 2.0, 8.0, 60.0]
+    assert [operator_errors.backoff(busy, retry).delay for retry in (0, 5)] == [7.0, 7.0]
 
 
 def test_triggers_of_a_busy_run_are_coalesced_not_queued(world):  # noqa: F811
@@ -130,3 +135,100 @@ def test_the_liveness_probe_is_answered_by_the_event_loop():
     (startup,) = [h for h in probes if h.id == "solar-settings"]
     startup.fn(settings=settings)
     assert settings.execution.max_workers == 3 and settings.process.ultimate_exiting_timeout == 600
+
+
+@pytest.mark.parametrize("code, retry_after", [(500, None), (429, 1)])
+def test_job_deletes_the_server_refuses_are_retried_and_a_failure_counts_once(world, code, retry_after):  # noqa: F811
+    """A retry deletes the failed job, a suspend the running one: each delete refused twice (500, or
+    429 with a Retry-After) still happens, the failure is counted once (the status is written before
+    the delete), and the next attempt starts."""
+    refuse = Refuse("DELETE", "/pytorchjobs/", times=2, code=code, retry_after=retry_after)
+    world.cluster.emulator.faults.append(refuse)
+    with world.operator():
+        world.apply(_run("flaky"))
+        world.wait_job("flaky-fm")
+        world.write_stage("flaky", "fm", result="failed", checkpoint=False, steps=(2,), error_type="runtime_error")
+        world.set_job("flaky-fm", "Failed", "exit code 1")
+        wait_for(lambda: (world.jobs().get("flaky-fm") or {}).get("metadata", {}).get("labels", {}).get(
+            "solarwm.io/attempt") == "2", timeout=60, message="attempt 2 after the refused deletes")
+        assert refuse.left == 0 and len(refuse.seen) >= 3
+        stage = world.wait_status("flaky", lambda s: (s.get("stages") or [{}])[0].get("attempt") == 2, "attempt 2")
+        assert (stage["stages"][0]["failures"], stage["stages"][0]["attempt"]) == (1, 2)
+        wait_for(lambda: "StageStarted" in world.event_reasons("flaky")[3:], message="attempt 2's event")
+        assert world.event_reasons("flaky").count("JobFailed") == 1
+
+        refuse.left = 2  # and the suspend's delete of the running attempt
+        world.set_job("flaky-fm", "Running")
+        world.patch_spec("flaky", {"runPolicy": {"suspend": True}})
+        world.wait_phase("flaky", "Suspended", timeout=60)
+        wait_for(lambda: "flaky-fm" not in world.jobs(), timeout=60, message="the suspended job to be deleted")
+        assert refuse.left == 0
+        world.patch_spec("flaky", {"runPolicy": {"suspend": False}})
+        job = world.wait_job("flaky-fm")
+        assert job["metadata"]["labels"]["solarwm.io/attempt"] == "3"
+        status = world.wait_phase("flaky", "Running")
+        assert (status["stages"][0]["failures"], status["stages"][0]["attempt"]) == (1, 3)
+
+
+def test_a_retry_whose_status_write_is_refused_deletes_nothing_and_counts_the_failure(world):  # noqa: F811
+    """The status write that records a failed attempt comes before the failed job's delete: when the
+    server refuses it, the job is still there for the next pass, and the failure is counted (it used to
+    be deleted first, and the failure forgotten with it)."""
+    with world.operator():
+        world.apply(_run("lost"))
+        world.wait_job("lost-fm")
+        world.write_stage("lost", "fm", result="failed", checkpoint=False, steps=(2,), error_type="runtime_error")
+        world.wait_status("lost", lambda s: s.get("step") == 2, "the checkpoint seen")
+        refuse = Refuse("PATCH", "/solarruns/lost/status", times=1, code=409)
+        world.cluster.emulator.faults.append(refuse)
+        deletes = Refuse("DELETE", "/pytorchjobs/lost-fm", times=0)
+        world.cluster.emulator.faults.append(deletes)
+        world.set_job("lost-fm", "Failed", "exit code 1")
+        wait_for(lambda: (world.jobs().get("lost-fm") or {}).get("metadata", {}).get("labels", {}).get(
+            "solarwm.io/attempt") == "2", timeout=60, message="attempt 2")
+        assert refuse.left == 0 and refuse.seen[0] < deletes.seen[0]  # refused before anything was deleted
+        status = world.wait_status("lost", lambda s: s["stages"][0].get("attempt") == 2, "attempt 2 recorded")
+        assert status["stages"][0]["failures"] == 1
+
+
+def test_an_api_call_the_server_does_not_answer_in_time_is_retried_later(world):  # noqa: F811
+    """A server that takes the request and does not answer: the call ends at its deadline as a
+    temporary error (kopf re-runs the handler), instead of holding a worker and the run for ever."""
+    from solar_operator.kube import REQUEST_TIMEOUT, Kube, api_client
+
+    assert REQUEST_TIMEOUT[1] <= 60  # the shipped deadline is finite
+    world.cluster.emulator.faults.append(lambda method, path: Slow(2) if "/solarruns/hung" in path else None)
+    kube = Kube(api_client(world.cluster.url), timeout=(1.0, 0.5))
+    started = time.monotonic()
+    with pytest.raises(operator_errors.ApiUnavailable, match="get solarrun .*/hung"):
+        kube.get_run(world.namespace, "hung")
+    assert time.monotonic() - started < 1.5
+
+
+def test_a_job_event_bringing_nothing_new_needs_no_pass_and_a_failed_pass_skips_nothing(world):  # noqa: F811
+    """kopf lists every job again after a start or a broken watch: a job event whose version the run's
+    last successful pass already saw is not reconciled again; any newer version is, and so is every
+    event after a pass that failed."""
+    from solar_operator.main import reconciler
+
+    r = reconciler(world.storage, url=world.cluster.url)
+    world.apply(_run("quiet"))
+    assert r.reconcile(world.namespace, "quiet", "create") is not None
+    job = world.jobs()["quiet-fm"]
+    version = job["metadata"]["resourceVersion"]
+    gets = Refuse("GET", "/solarruns/quiet", times=0)
+    world.cluster.emulator.faults.append(gets)
+    assert r.reconcile(world.namespace, "quiet", "poll") is not None  # this pass saw the job it created
+    before = len(gets.seen)
+    assert r.job_changed(world.namespace, "quiet", "quiet-fm", version) is None and len(gets.seen) == before
+    world.set_job("quiet-fm", "Running")
+    newer = world.jobs()["quiet-fm"]["metadata"]["resourceVersion"]
+    assert r.job_changed(world.namespace, "quiet", "quiet-fm", newer) is not None  # a real change: a pass
+    gets.left = 1  # the next pass fails: nothing it saw counts as seen
+    world.set_job("quiet-fm", "Succeeded")
+    latest = world.jobs()["quiet-fm"]["metadata"]["resourceVersion"]
+    with pytest.raises(operator_errors.ApiUnavailable):
+        r.job_changed(world.namespace, "quiet", "quiet-fm", latest)
+    seen = len(gets.seen)
+    r.job_changed(world.namespace, "quiet", "quiet-fm", latest)
+    assert len(gets.seen) == seen + 1

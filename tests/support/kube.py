@@ -21,6 +21,7 @@ import datetime
 import importlib
 import importlib.util
 import json
+import math
 import re
 import secrets
 import subprocess
@@ -67,6 +68,28 @@ class ApiError(Exception):
         return aiohttp.web.json_response({
             "apiVersion": "v1", "kind": "Status", "metadata": {}, "status": "Failure", "code": self.code,
             "reason": self.reason, "message": self.message, "details": details}, status=self.code, headers=headers)
+
+
+@attrs.frozen
+class Slow:
+    """A fault's answer: serve the request only after ``seconds`` (a slow or overloaded server)."""
+
+    seconds: float
+
+
+@attrs.frozen
+class CutWatch:
+    """A fault's answer for a watch: end the stream after ``after`` seconds, with the last chunk as a
+    server ending it does (``abrupt=False``) or by dropping the connection (``abrupt=True``, as a
+    restarting server or a load balancer does). Ignored for other requests."""
+
+    after: float
+    abrupt: bool = False
+
+
+# The harness's own requests (``Cluster.request``/``watch``: the test playing users, kubelet and other
+# controllers) carry this User-Agent; faults are played on every other client only.
+HARNESS_AGENT = "solar-test-harness"
 
 
 class Target(NamedTuple):
@@ -232,8 +255,10 @@ class FaithfulEmulator(KubernetesEmulator):
     _printers: dict[resource, list[dict[str, Any]]] = attrs.field(factory=dict, init=False)  # additionalPrinterColumns
     closing: bool = attrs.field(default=False, init=False)
     internal_errors: list[str] = attrs.field(factory=list, init=False)
-    # API faults a test plays: each callable gets (method, path) and returns an ApiError to answer
-    # instead of serving the request (with ``retry_after``: a Retry-After header), or None
+    # API faults a test plays on every client but the harness (HARNESS_AGENT): each callable gets
+    # (method, path with its query string) and returns None, an ApiError to answer instead of serving the request (with
+    # ``retry_after``: a Retry-After header), Slow(seconds) to serve it late, or CutWatch(after) to end
+    # a watch stream early
     faults: list = attrs.field(factory=list, init=False)
     # admission webhooks a test plays: each callable gets (resource, namespace, body) of a create before
     # it is stored; it may change the body (mutating) or raise an ApiError (validating)
@@ -448,12 +473,17 @@ class FaithfulEmulator(KubernetesEmulator):
             resource=resource(t.group, t.version, t.plural), namespace=t.namespace, name=t.name,
             subresource=t.subresource)
         self._requests.append(request)
-        for fault in list(self.faults):
-            error = fault(raw.method, raw.path)
-            if error is not None:
-                return error.response()
+        cut = None
+        for fault in list(self.faults) if raw.headers.get("User-Agent") != HARNESS_AGENT else []:
+            outcome = fault(raw.method, raw.path_qs)
+            if isinstance(outcome, ApiError):
+                return outcome.response()
+            if isinstance(outcome, Slow):
+                await asyncio.sleep(outcome.seconds)
+            elif isinstance(outcome, CutWatch):
+                cut = outcome
         try:
-            return await self._serve(raw, t, data)
+            return await self._serve(raw, t, data, cut)
         except ApiError as e:
             return e.response()
         except (ConnectionError, asyncio.CancelledError):
@@ -462,14 +492,15 @@ class FaithfulEmulator(KubernetesEmulator):
             self.internal_errors.append(traceback.format_exc())
             return ApiError(500, "InternalError", repr(e)).response()
 
-    async def _serve(self, raw: aiohttp.web.BaseRequest, t: Target, data: Any) -> aiohttp.web.StreamResponse:
+    async def _serve(self, raw: aiohttp.web.BaseRequest, t: Target, data: Any,
+                     cut: CutWatch | None = None) -> aiohttp.web.StreamResponse:
         res, info = self._info(t)
         ns = t.namespace if info.namespaced else None
         params, method = raw.query, raw.method
         if t.subresource is not None and (t.subresource not in info.subresources or t.subresource != "status"):
             raise ApiError(404, "NotFound", "the server could not find the requested resource")
         if method == "GET" and params.get("watch") in ("true", "1"):
-            return await self._watch(raw, res, ns, t.name)
+            return await self._watch(raw, res, ns, t.name, cut)
         if t.name is None:
             if method == "GET":
                 items = self._select(res, ns, params.get("labelSelector", ""), params.get("fieldSelector", ""))
@@ -539,10 +570,12 @@ class FaithfulEmulator(KubernetesEmulator):
         return aiohttp.web.json_response(obj, status=status)
 
     async def _watch(self, raw: aiohttp.web.BaseRequest, res: resource, ns: str | None,
-                     name: str | None) -> aiohttp.web.StreamResponse:
+                     name: str | None, cut: CutWatch | None = None) -> aiohttp.web.StreamResponse:
         q = raw.query
         labels, fields, since = q.get("labelSelector", ""), q.get("fieldSelector", ""), q.get("resourceVersion", "")
         deadline = time.monotonic() + float(q["timeoutSeconds"]) if q.get("timeoutSeconds") else None
+        if cut is not None:
+            deadline = min(deadline or math.inf, time.monotonic() + cut.after)
         key_res, api_version = self._key(res, None, "")[0], f"{res.group}/{res.version}".lstrip("/")
         response = aiohttp.web.StreamResponse(headers={"Content-Type": "application/json"})
         await response.prepare(raw)
@@ -584,6 +617,9 @@ class FaithfulEmulator(KubernetesEmulator):
                     await asyncio.wait_for(self._tick.wait(), timeout)
                 except TimeoutError:
                     break
+            if cut is not None and cut.abrupt and not self.closing and raw.transport is not None:
+                raw.transport.abort()  # no last chunk: the client sees the connection drop mid-stream
+                return response
             await response.write_eof()
         except ConnectionError:
             pass  # the client went away
@@ -653,7 +689,8 @@ class Cluster:
                 params: dict[str, str] | None = None) -> Any:
         url = self.url + path + ("?" + urllib.parse.urlencode(params) if params else "")
         data = None if body is None else json.dumps(body).encode()
-        req = urllib.request.Request(url, data=data, method=method, headers={"Content-Type": content_type})
+        req = urllib.request.Request(url, data=data, method=method,
+                                     headers={"Content-Type": content_type, "User-Agent": HARNESS_AGENT})
         try:
             with urllib.request.urlopen(req, timeout=30) as resp:
                 return json.loads(resp.read() or b"null")
@@ -686,7 +723,8 @@ class Cluster:
     def watch(self, path: str, *, timeout: float = 1, **params: str) -> list[dict[str, Any]]:
         """The events of one watch request, which the server ends after ``timeout`` seconds."""
         query = urllib.parse.urlencode({"watch": "true", "timeoutSeconds": str(timeout), **params})
-        with urllib.request.urlopen(f"{self.url}{path}?{query}", timeout=timeout + 30) as resp:
+        req = urllib.request.Request(f"{self.url}{path}?{query}", headers={"User-Agent": HARNESS_AGENT})
+        with urllib.request.urlopen(req, timeout=timeout + 30) as resp:
             return [json.loads(line) for line in resp if line.strip()]
 
     def objects(self, plural: str, namespace: str | None = None) -> list[dict[str, Any]]:
@@ -867,5 +905,6 @@ def wait_for(predicate: Callable[[], Any], timeout: float = 10, interval: float 
         time.sleep(interval)
 
 
-__all__ = ["ApiError", "Cluster", "FaithfulEmulator", "KubeHTTPError", "KubectlError", "emulated_cluster",
-           "json_patch", "labels_match", "merge_patch", "parse_path", "run_kopf_operator", "wait_for"]
+__all__ = ["HARNESS_AGENT", "ApiError", "Cluster", "CutWatch", "FaithfulEmulator", "KubeHTTPError", "KubectlError",
+           "Slow", "emulated_cluster", "json_patch", "labels_match", "merge_patch", "parse_path", "run_kopf_operator",
+           "wait_for"]

@@ -8,7 +8,16 @@ from pathlib import Path
 
 import pytest
 
-from tests.support.kube import Cluster, KubeHTTPError, emulated_cluster, run_kopf_operator, wait_for
+from tests.support.kube import (
+    ApiError,
+    Cluster,
+    CutWatch,
+    KubeHTTPError,
+    Slow,
+    emulated_cluster,
+    run_kopf_operator,
+    wait_for,
+)
 
 pytestmark = pytest.mark.timeout(60)
 
@@ -166,6 +175,47 @@ def test_watch_resumes_from_resource_version(cluster: Cluster):
         ("ADDED", "new"), ("MODIFIED", "old"), ("DELETED", "new")]
     events = cluster.watch(CONFIGMAPS, timeout=0.5, labelSelector="app=x")
     assert [(e["type"], e["object"]["metadata"]["name"]) for e in events] == [("ADDED", "old")]
+
+
+def test_faults_refuse_delay_and_cut_watches_of_other_clients_only(cluster: Cluster):
+    """Faults are played on the system under test, never on the harness's own requests; a 429 carries
+    its Retry-After, a slow answer comes late, and a cut watch ends early, cleanly or mid-stream."""
+    import http.client
+    import json
+    import time
+    import urllib.error
+    import urllib.request
+
+    plan = {"GET": ApiError(429, "TooManyRequests", "slow down", retry_after=3), "PUT": Slow(0.6)}
+    cluster.emulator.faults.append(lambda method, path: plan.get(method))
+    cluster.create(CONFIGMAPS, {"metadata": {"name": "a"}})
+    assert cluster.get(f"{CONFIGMAPS}/a")["metadata"]["name"] == "a"  # the harness is exempt
+
+    def other(method: str, path: str, body: dict | None = None, timeout: float = 10):
+        data = None if body is None else json.dumps(body).encode()
+        req = urllib.request.Request(cluster.url + path, data=data, method=method,
+                                     headers={"Content-Type": "application/json", "User-Agent": "operator/1"})
+        return urllib.request.urlopen(req, timeout=timeout)
+
+    with pytest.raises(urllib.error.HTTPError) as refused:
+        other("GET", f"{CONFIGMAPS}/a")
+    assert refused.value.code == 429 and refused.value.headers["Retry-After"] == "3"
+    started = time.monotonic()
+    current = cluster.get(f"{CONFIGMAPS}/a")
+    with other("PUT", f"{CONFIGMAPS}/a", {**current, "data": {"k": "v"}}) as resp:
+        assert resp.status == 200
+    assert time.monotonic() - started >= 0.6 and cluster.get(f"{CONFIGMAPS}/a")["data"] == {"k": "v"}
+
+    for abrupt in (False, True):
+        plan["GET"] = CutWatch(0.3, abrupt=abrupt)
+        started = time.monotonic()
+        try:
+            with other("GET", f"{CONFIGMAPS}?watch=true&timeoutSeconds=30") as resp:
+                body, dropped = resp.read(), False
+        except http.client.IncompleteRead as exc:  # the last chunk never came
+            body, dropped = exc.partial, True
+        assert time.monotonic() - started < 5  # ended long before its own timeout
+        assert dropped == abrupt and json.loads(body.splitlines()[0])["object"]["metadata"]["name"] == "a"
 
 
 def test_finalizers_block_deletion(cluster: Cluster):

@@ -276,6 +276,55 @@ def test_a_job_its_queue_takes_back_is_replaced_by_an_attempt_from_the_checkpoin
     assert sim.status.stage("fm").attempt == 2 and sim.status.stage("fm").failures == 0
 
 
+def test_a_suspend_suspends_the_running_stage_when_the_previous_success_was_not_recorded():
+    """fm's job succeeded and anyflow's job was created, but the status write of that reconcile was
+    lost (a 409/500, or an operator restart): a suspend must record fm as Succeeded and delete the
+    job that runs (anyflow's), not fm's finished job, and a resume must not run fm again."""
+    sim = Sim()
+    sim.step()
+    sim.succeed("fm")
+    sim.jobs["anyflow"] = JobState("tiny-wan-anyflow", "Running", attempt=1)  # the status still says fm
+    sim.spec = _spec(suspend=True)
+    d = sim.step(generation=2)
+    assert [(a.kind, a.stage) for a in d.actions] == [("suspend_job", "anyflow")]  # PyTorchJob: deleted
+    assert sim.status.stage("fm").phase == "Succeeded" and sim.status.stage("anyflow").phase == "Suspended"
+    assert sim.status.currentStage == "anyflow" and sim.status.phase == "Suspended"
+    assert sim.status.stage("anyflow").attempt == 1  # the job that ran is adopted before it is deleted
+    sim.spec = _spec(suspend=False)
+    d = sim.step(generation=3)
+    assert [(a.kind, a.stage, a.attempt) for a in d.actions] == [("create_job", "anyflow", 2)]
+    assert [a.stage for a in sim.created] == ["fm", "anyflow"]
+
+
+def test_a_failed_job_seen_again_after_its_failure_was_recorded_is_deleted_not_counted_twice():
+    """The operator writes a retry's status before deleting the failed job; when that delete did not
+    happen (the API server refused it, the operator restarted), the next pass deletes it again and
+    counts nothing twice."""
+    sim = Sim()
+    sim.step()
+    sim.jobs["fm"] = JobState("tiny-wan-fm", "Failed", "exit code 1", attempt=1)
+    d = sim.step()
+    assert [(a.kind, a.stage) for a in d.actions] == [("delete_job", "fm")]
+    assert sim.status.stage("fm").failures == 1 and [e[1] for e in d.events] == ["JobFailed"]
+    sim.jobs["fm"] = JobState("tiny-wan-fm", "Failed", "exit code 1", attempt=1)  # the delete did not happen
+    d = sim.step()
+    assert [(a.kind, a.stage) for a in d.actions] == [("delete_job", "fm")] and not d.events
+    assert sim.status.stage("fm").failures == 1 and sim.status.stage("fm").attempt == 1
+    d = sim.step()  # gone now: the next attempt
+    assert [(a.kind, a.stage, a.attempt) for a in d.actions] == [("create_job", "fm", 2)]
+    assert sim.status.stage("fm").failures == 1
+    # attempt 2 adopted from the jobs (the status write that recorded its start was lost) and failed:
+    # a failure of its own, counted
+    sim.status.stages[0].attempt, sim.status.stages[0].reason = 1, "JobFailed"
+    sim.jobs["fm"] = JobState("tiny-wan-fm", "Running", attempt=2)
+    sim.step()
+    assert sim.status.stage("fm").attempt == 2 and sim.status.stage("fm").reason is None
+    sim.jobs["fm"] = JobState("tiny-wan-fm", "Failed", "exit code 1", attempt=2)
+    d = sim.step()
+    assert sim.status.stage("fm").failures == 2 and [e[1] for e in d.events] == ["BackoffLimitExceeded"]  # limit 1
+
+
+
 def test_conditions_keep_their_transition_time_while_unchanged():
     sim = Sim()
     sim.step()

@@ -6,7 +6,8 @@ module (``success``, ``failure``, ``progress_deadline``, ``resume``, ``suspend``
 messages in ``conditions``. Stages run in order; the current stage is the first not Succeeded.
 
     spec does not resolve (any stage)          -> Failed, Validated=False/<reason>; no job
-    spec.runPolicy.suspend                     -> delete the current job; Suspended
+    spec.runPolicy.suspend                     -> delete the current job; Suspended (stages whose job
+                                                  succeeded unrecorded are recorded first)
     current stage has no job                   -> create one (resume.py: fresh, from the newest
                                                   verified checkpoint, or NothingToResume)
     a job the status does not know about       -> adopt it (an operator restarted between creating
@@ -19,7 +20,8 @@ messages in ``conditions``. Stages run in order; the current stage is the first 
                                                   the next attempt resumes from the checkpoint
     job Succeeded                              -> stage Succeeded if success.py agrees, else Failed
                                                   with its reason; then the next stage at once
-    job Failed                                 -> failure.py: delete and retry, or
+    job Failed                                 -> failure.py: delete and retry (counted once: the
+                                                  status is written before the delete), or
                                                   BackoffLimitExceeded (the job is kept);
                                                   StorageFull/StorageError at once (run-result's class)
     job created/pending/running/restarting     -> Pending|Running; progress_deadline.py may fail it
@@ -67,6 +69,7 @@ class JobState:
     suspended: bool = False    # the job's own suspend flag is set (a queue holds it, or the operator did)
     suspended_by_operator: bool = False  # ... because the operator suspended it (SolarRun suspend)
     resumed: float | None = None  # when the job controller last reported it resumed (epoch seconds)
+    version: str | None = None  # the API object's resourceVersion (an unchanged job needs no second look)
 
 
 @dataclass
@@ -189,6 +192,9 @@ def reconcile(spec: SolarRunSpec | None, previous: SolarRunStatus | None, obs: O
         return _succeeded(r)
     mode = suspend.suspended(spec.runPolicy.suspend, previous.phase if previous else None)
     if mode == "suspend":
+        current = _settle_succeeded(r, plan, current, obs)
+        if current is None:
+            return _succeeded(r)
         return _suspend(r, current, obs.jobs.get(current.name))
     if mode == "resume":
         r.condition(C.SUSPENDED, "False", C.RESUMED, C.RESUMED.message(stage=current.name))
@@ -327,6 +333,8 @@ def _adopt(r: _Run, st: StageStatus, job: JobState) -> None:
     attempt = job.attempt or max(st.attempt, 1)
     if st.job == job.name and st.attempt == attempt:
         return
+    if attempt != st.attempt:  # a new attempt, as _start records one: the last one's failure is not its own
+        st.reason = st.message = None
     st.job, st.attempt = job.name, attempt
     st.startTime = st.startTime or iso(job.created if job.created is not None else r.now)
     r.event("Normal", C.JOB_ADOPTED, C.JOB_ADOPTED.message(stage=st.name, job=job.name, attempt=attempt))
@@ -334,6 +342,11 @@ def _adopt(r: _Run, st: StageStatus, job: JobState) -> None:
 
 def _job_failed(r: _Run, spec: SolarRunSpec, st: StageStatus, job: JobState, files: StageFiles) -> None:
     limit = spec.runPolicy.backoffLimit
+    if st.reason == C.JOB_FAILED.name and job.attempt in (None, st.attempt):
+        # this attempt's failure is already counted (the status is written before its job is deleted,
+        # and that delete did not happen yet): delete it again, count nothing twice
+        r.decision.actions.append(Action("delete_job", st.name, job.name))
+        return
     verdict = failure.on_job_failed(failures=st.failures, backoff_limit=limit, job_message=job.message,
                                     result_message=files.result_message, result_error=files.result_error)
     verdict = dataclasses.replace(verdict, detail=r.explained(st.name, verdict.detail))
@@ -379,8 +392,27 @@ def _succeeded(r: _Run) -> Decision:
     return r.decision
 
 
+def _settle_succeeded(r: _Run, plan: RunPlan, current: StageStatus, obs: Observation) -> StageStatus | None:
+    """Before suspending: the stages whose job already succeeded, unrecorded (the status write of that
+    reconcile failed, or the operator restarted before it), are recorded as Succeeded, so that the
+    stage suspended is the one whose job runs now, never a finished one (its job would be deleted,
+    the running one left alone, and the finished stage run again on resume)."""
+    while current is not None:
+        job = obs.jobs.get(current.name)
+        p = plan.stage(current.name)
+        files = obs.files.get(current.name) or StageFiles(exists=False)
+        if job is None or job.deleting or job.phase != "Succeeded" or success.completion_problem(p, files):
+            return current
+        _adopt(r, current, job)
+        _note_usage(r.status, current, files.usage)
+        _stage_done(r, current, p, files)
+        current = next((st for st in r.status.stages if st.phase != "Succeeded"), None)
+    return None
+
+
 def _suspend(r: _Run, current: StageStatus, job: JobState | None) -> Decision:
     if job is not None and not job.deleting and not job.suspended_by_operator:
+        _adopt(r, current, job)  # an attempt the status did not record yet still counts: the next is a new one
         r.decision.actions.append(Action("suspend_job", current.name, job.name))
     message = C.SUSPEND_REQUESTED.message(stage=current.name)
     if r.stage_phase(current, "Suspended"):
