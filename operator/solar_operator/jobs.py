@@ -25,6 +25,7 @@ from solar_operator.pod import METRICS_PORT
 
 API_VERSION, KIND, PLURAL = "kubeflow.org/v1", "PyTorchJob", "pytorchjobs"
 GROUP, VERSION = "kubeflow.org", "v1"
+RES = (GROUP, VERSION, PLURAL)
 RUN_LABEL, STAGE_LABEL, ATTEMPT_LABEL = "solarwm.io/run", "solarwm.io/stage", "solarwm.io/attempt"
 RESUME_ANNOTATION = "solarwm.io/resume-from"
 QUEUE_LABEL = "kueue.x-k8s.io/queue-name"
@@ -159,6 +160,51 @@ def owned_by(job: dict, run: dict) -> bool:
             and any(r.get("uid") == owner.get("uid") for r in refs))
 
 
+# What every job kind's backend does the same way over its resource ``res`` (group, version, plural).
+def observe_owned(kube, res: tuple[str, str, str], run: dict, to_state) -> dict[str, JobState]:
+    """The run's own jobs of that kind by stage name."""
+    meta = run["metadata"]
+    out = {}
+    for job in kube.list_objects(res, meta["namespace"], f"{RUN_LABEL}={meta['name']}"):
+        stage = (job["metadata"].get("labels") or {}).get(STAGE_LABEL)
+        if stage and owned_by(job, run):
+            out[stage] = to_state(job)
+    return out
+
+
+def create_owned(kube, res: tuple[str, str, str], run: dict, job: dict, problems: list[str]) -> bool:
+    """Create ``job`` (never one that fails its kind's admission: that would be our bug); False when the
+    run's job of that name exists already; NotOurs when one exists that the run did not create."""
+    name, kind = job["metadata"]["name"], res[2][:-1]
+    if problems:
+        raise errors.Rejected(f"refusing to create {name}: {'; '.join(problems)}")
+    if kube.create_object(res, job):
+        return True
+    existing = kube.get_object(res, run["metadata"]["namespace"], name)
+    if existing is not None and not owned_by(existing, run):
+        raise errors.NotOurs(f"{kind} {name} exists but was not created for SolarRun {run['metadata']['name']} "
+                             f"(uid {run['metadata'].get('uid')}); rename the stage or remove that job")
+    return False
+
+
+def owned_object(kube, res: tuple[str, str, str], run: dict, name: str, verb: str) -> dict | None:
+    """The run's job ``name`` (None when gone); NotOurs when the run did not create it."""
+    namespace = run["metadata"]["namespace"]
+    existing = kube.get_object(res, namespace, name)
+    if existing is not None and not owned_by(existing, run):
+        raise errors.NotOurs(f"refusing to {verb} {res[2][:-1]} {namespace}/{name}: SolarRun "
+                             f"{run['metadata']['name']} did not create it")
+    return existing
+
+
+def delete_owned(kube, res: tuple[str, str, str], run: dict, name: str) -> bool:
+    """Delete the run's job ``name`` (that very object); False when it is already gone."""
+    existing = owned_object(kube, res, run, name, "delete")
+    if existing is None:
+        return False
+    return kube.delete_object(res, run["metadata"]["namespace"], name, existing["metadata"]["uid"])
+
+
 class JobBackend(Protocol):
     def observe(self, run: dict) -> dict[str, JobState]:
         """The run's jobs by stage name."""
@@ -181,7 +227,7 @@ class PyTorchJobBackend:
         self.kube = kube
 
     def unavailable(self, spec: SolarRunSpec) -> str | None:
-        if not self.kube.served((GROUP, VERSION, PLURAL)):
+        if not self.kube.served(RES):
             return (f"spec.backend PyTorchJob: the cluster does not serve {PLURAL}.{GROUP}/{VERSION} (install the "
                     "Kubeflow training operator v1, or use backend TrainJob)")
         return None
@@ -191,34 +237,11 @@ class PyTorchJobBackend:
         return self.delete(run, job)
 
     def observe(self, run: dict) -> dict[str, JobState]:
-        meta = run["metadata"]
-        out = {}
-        for job in self.kube.list_jobs(meta["namespace"], f"{RUN_LABEL}={meta['name']}"):
-            stage = (job["metadata"].get("labels") or {}).get(STAGE_LABEL)
-            if stage and owned_by(job, run):
-                out[stage] = state(job)
-        return out
+        return observe_owned(self.kube, RES, run, state)
 
     def create(self, run: dict, spec: SolarRunSpec, plan: StagePlan, action: Action) -> bool:
         job = manifest(run, spec, plan, action.job, attempt=action.attempt, resume_from=action.resume_from)
-        problems = webhook_problems(job)
-        if problems:  # a bug of ours, never the user's: do not send it
-            raise errors.Rejected(f"refusing to create {action.job}: {'; '.join(problems)}")
-        if self.kube.create_job(job):
-            return True
-        existing = self.kube.get_job(run["metadata"]["namespace"], action.job)
-        if existing is not None and not owned_by(existing, run):
-            raise errors.NotOurs(f"pytorchjob {action.job} exists but was not created for SolarRun "
-                                 f"{run['metadata']['name']} (uid {run['metadata'].get('uid')}); rename the stage "
-                                 "or remove that job")
-        return False
+        return create_owned(self.kube, RES, run, job, webhook_problems(job))
 
     def delete(self, run: dict, job: str) -> bool:
-        namespace = run["metadata"]["namespace"]
-        existing = self.kube.get_job(namespace, job)
-        if existing is None:
-            return False
-        if not owned_by(existing, run):
-            raise errors.NotOurs(f"refusing to delete pytorchjob {namespace}/{job}: SolarRun "
-                                 f"{run['metadata']['name']} did not create it")
-        return self.kube.delete_job(namespace, job, existing["metadata"]["uid"])
+        return delete_owned(self.kube, RES, run, job)

@@ -28,6 +28,7 @@ from solar.run.spec import VERSION as RUN_VERSION
 from solar_operator import errors
 
 JOB_GROUP, JOB_VERSION, JOB_PLURAL = "kubeflow.org", "v1", "pytorchjobs"
+JOB_RES = (JOB_GROUP, JOB_VERSION, JOB_PLURAL)
 COMPONENT = "solar-operator"
 REQUEST_TIMEOUT = (5.0, 30.0)  # seconds to connect, seconds to wait for the answer
 log = logging.getLogger("solar_operator")
@@ -86,40 +87,20 @@ class Kube:
                           self.custom.patch_namespaced_custom_object_status, RUN_GROUP, RUN_VERSION, namespace,
                           RUN_PLURAL, name, {"status": status_patch})
 
-    # -- PyTorchJobs ----------------------------------------------------------------------------
+    # -- PyTorchJobs (the generic calls below for kubeflow.org/v1) -------------------------------
     def list_jobs(self, namespace: str, selector: str) -> list[dict]:
-        result = self._call(f"list pytorchjobs in {namespace}", self.custom.list_namespaced_custom_object,
-                            JOB_GROUP, JOB_VERSION, namespace, JOB_PLURAL, label_selector=selector,
-                            missing={"items": []})
-        return result.get("items", [])
+        return self.list_objects(JOB_RES, namespace, selector)
 
     def get_job(self, namespace: str, name: str) -> dict | None:
-        return self._call(f"get pytorchjob {namespace}/{name}", self.custom.get_namespaced_custom_object,
-                          JOB_GROUP, JOB_VERSION, namespace, JOB_PLURAL, name)
+        return self.get_object(JOB_RES, namespace, name)
 
     def create_job(self, manifest: dict) -> bool:
         """Create; False when a job of that name already exists."""
-        meta = manifest["metadata"]
-        try:
-            self.custom.create_namespaced_custom_object(JOB_GROUP, JOB_VERSION, meta["namespace"], JOB_PLURAL,
-                                                        manifest, _request_timeout=self.timeout)
-            return True
-        except self._exc as exc:
-            if exc.status == 409:
-                return False
-            raise errors.translate(exc, f"create pytorchjob {meta['namespace']}/{meta['name']}") from None
-        except self._down as exc:
-            raise errors.translate(exc, f"create pytorchjob {meta['namespace']}/{meta['name']}") from None
+        return self.create_object(JOB_RES, manifest)
 
     def delete_job(self, namespace: str, name: str, uid: str) -> bool:
         """Delete that very object (a uid precondition); False when it is already gone."""
-        from kubernetes import client
-
-        options = client.V1DeleteOptions(propagation_policy="Background",
-                                         preconditions=client.V1Preconditions(uid=uid))
-        result = self._call(f"delete pytorchjob {namespace}/{name}", self.custom.delete_namespaced_custom_object,
-                            JOB_GROUP, JOB_VERSION, namespace, JOB_PLURAL, name, body=options, missing=False)
-        return result is not False
+        return self.delete_object(JOB_RES, namespace, name, uid)
 
     # -- Events ---------------------------------------------------------------------------------
     def post_event(self, run: dict, kind: str, reason: str, message: str) -> None:
@@ -147,23 +128,24 @@ class Kube:
         except self._down as exc:
             raise errors.translate(exc, what) from None
 
-    # -- any job kind (TrainJob, ...), runtimes and discovery -----------------------------------------
-    # ``res`` is (group, version, plural); the PyTorchJob methods above are these for kubeflow.org/v1.
+    # -- any job kind (PyTorchJob, TrainJob), runtimes and discovery ----------------------------------
+    # ``res`` is (group, version, plural); messages name one object of it (the plural without its "s").
     def list_objects(self, res: tuple[str, str, str], namespace: str, selector: str) -> list[dict]:
         result = self._call(f"list {res[2]} in {namespace}", self.custom.list_namespaced_custom_object,
                             *res[:2], namespace, res[2], label_selector=selector, missing={"items": []})
         return result.get("items", [])
 
     def get_object(self, res: tuple[str, str, str], namespace: str, name: str) -> dict | None:
-        return self._call(f"get {res[2]} {namespace}/{name}", self.custom.get_namespaced_custom_object,
+        return self._call(f"get {res[2][:-1]} {namespace}/{name}", self.custom.get_namespaced_custom_object,
                           *res[:2], namespace, res[2], name)
 
     def create_object(self, res: tuple[str, str, str], manifest: dict) -> bool:
-        """Create; False when an object of that name already exists."""
+        """Create; False when an object of that name already exists (409 on create means just that)."""
         meta = manifest["metadata"]
-        what = f"create {res[2]} {meta['namespace']}/{meta['name']}"
+        what = f"create {res[2][:-1]} {meta['namespace']}/{meta['name']}"
         try:
-            self.custom.create_namespaced_custom_object(*res[:2], meta["namespace"], res[2], manifest)
+            self.custom.create_namespaced_custom_object(*res[:2], meta["namespace"], res[2], manifest,
+                                                        _request_timeout=self.timeout)
             return True
         except self._exc as exc:
             if exc.status == 409:
@@ -174,7 +156,7 @@ class Kube:
 
     def patch_object(self, res: tuple[str, str, str], namespace: str, name: str, patch: dict) -> dict | None:
         """A JSON merge patch; None when the object is gone."""
-        return self._call(f"patch {res[2]} {namespace}/{name}", self.custom.patch_namespaced_custom_object,
+        return self._call(f"patch {res[2][:-1]} {namespace}/{name}", self.custom.patch_namespaced_custom_object,
                           *res[:2], namespace, res[2], name, patch)
 
     def delete_object(self, res: tuple[str, str, str], namespace: str, name: str, uid: str) -> bool:
@@ -183,12 +165,13 @@ class Kube:
 
         options = client.V1DeleteOptions(propagation_policy="Background",
                                          preconditions=client.V1Preconditions(uid=uid))
-        result = self._call(f"delete {res[2]} {namespace}/{name}", self.custom.delete_namespaced_custom_object,
+        result = self._call(f"delete {res[2][:-1]} {namespace}/{name}", self.custom.delete_namespaced_custom_object,
                             *res[:2], namespace, res[2], name, body=options, missing=False)
         return result is not False
 
     def get_cluster_object(self, res: tuple[str, str, str], name: str) -> dict | None:
-        return self._call(f"get {res[2]} {name}", self.custom.get_cluster_custom_object, *res[:2], res[2], name)
+        return self._call(f"get {res[2][:-1]} {name}", self.custom.get_cluster_custom_object, *res[:2], res[2],
+                          name)
 
     def served(self, res: tuple[str, str, str]) -> bool:
         """Whether the API server serves that resource (discovery of its group-version)."""

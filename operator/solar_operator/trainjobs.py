@@ -22,7 +22,7 @@ from __future__ import annotations
 from solar.run.machine import Action, JobState
 from solar.run.plan import StagePlan
 from solar.run.spec import DEFAULT_RUNTIME, SolarRunSpec
-from solar_operator import errors, pod
+from solar_operator import pod
 from solar_operator.jobs import (
     ATTEMPT_LABEL,
     DNS1035,
@@ -31,8 +31,11 @@ from solar_operator.jobs import (
     RUN_LABEL,
     STAGE_LABEL,
     SUSPEND_ANNOTATION,
+    create_owned,
+    delete_owned,
     job_state,
-    owned_by,
+    observe_owned,
+    owned_object,
     queue_label,
     stage_resources,
 )
@@ -137,45 +140,18 @@ class TrainJobBackend:
         return None
 
     def observe(self, run: dict) -> dict[str, JobState]:
-        meta = run["metadata"]
-        out = {}
-        for job in self.kube.list_objects(RES, meta["namespace"], f"{RUN_LABEL}={meta['name']}"):
-            stage = (job["metadata"].get("labels") or {}).get(STAGE_LABEL)
-            if stage and owned_by(job, run):
-                out[stage] = state(job)
-        return out
+        return observe_owned(self.kube, RES, run, state)
 
     def create(self, run: dict, spec: SolarRunSpec, plan: StagePlan, action: Action) -> bool:
         job = manifest(run, spec, plan, action.job, attempt=action.attempt, resume_from=action.resume_from)
-        problems = admission_problems(job)
-        if problems:  # a bug of ours, never the user's: do not send it
-            raise errors.Rejected(f"refusing to create {action.job}: {'; '.join(problems)}")
-        if self.kube.create_object(RES, job):
-            return True
-        existing = self.kube.get_object(RES, run["metadata"]["namespace"], action.job)
-        if existing is not None and not owned_by(existing, run):
-            raise errors.NotOurs(f"trainjob {action.job} exists but was not created for SolarRun "
-                                 f"{run['metadata']['name']} (uid {run['metadata'].get('uid')}); rename the stage "
-                                 "or remove that job")
-        return False
-
-    def _ours(self, run: dict, job: str, verb: str) -> dict | None:
-        namespace = run["metadata"]["namespace"]
-        existing = self.kube.get_object(RES, namespace, job)
-        if existing is not None and not owned_by(existing, run):
-            raise errors.NotOurs(f"refusing to {verb} trainjob {namespace}/{job}: SolarRun "
-                                 f"{run['metadata']['name']} did not create it")
-        return existing
+        return create_owned(self.kube, RES, run, job, admission_problems(job))
 
     def delete(self, run: dict, job: str) -> bool:
-        existing = self._ours(run, job, "delete")
-        if existing is None:
-            return False
-        return self.kube.delete_object(RES, run["metadata"]["namespace"], job, existing["metadata"]["uid"])
+        return delete_owned(self.kube, RES, run, job)
 
     def suspend(self, run: dict, job: str) -> bool:
         """SolarRun suspend: ``spec.suspend: true``, marked as the operator's own doing."""
-        if self._ours(run, job, "suspend") is None:
+        if owned_object(self.kube, RES, run, job, "suspend") is None:
             return False
         patch = {"metadata": {"annotations": {SUSPEND_ANNOTATION: "true"}}, "spec": {"suspend": True}}
         return self.kube.patch_object(RES, run["metadata"]["namespace"], job, patch) is not None
