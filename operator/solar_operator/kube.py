@@ -28,7 +28,6 @@ from solar.run.spec import VERSION as RUN_VERSION
 from solar_operator import errors
 
 JOB_GROUP, JOB_VERSION, JOB_PLURAL = "kubeflow.org", "v1", "pytorchjobs"
-JOB_RES = (JOB_GROUP, JOB_VERSION, JOB_PLURAL)
 COMPONENT = "solar-operator"
 REQUEST_TIMEOUT = (5.0, 30.0)  # seconds to connect, seconds to wait for the answer
 log = logging.getLogger("solar_operator")
@@ -67,12 +66,15 @@ class Kube:
         self._instance = os.environ.get("POD_NAME") or socket.gethostname()
         self.timeout = timeout
 
-    def _call(self, what: str, fn, *args, missing=None, **kwargs):
+    def _call(self, what: str, fn, *args, missing=None, answers: dict | None = None, **kwargs):
+        """``fn`` within the deadline; a 404 returns ``missing`` (``answers``: other statuses that
+        return a value instead of raising); any other refusal or no answer raises ``errors``' kind."""
+        answers = {404: missing} if answers is None else answers
         try:
             return fn(*args, _request_timeout=self.timeout, **kwargs)
         except self._exc as exc:
-            if exc.status == 404:
-                return missing
+            if exc.status in answers:
+                return answers[exc.status]
             raise errors.translate(exc, what) from None
         except self._down as exc:
             raise errors.translate(exc, what) from None
@@ -86,21 +88,6 @@ class Kube:
         return self._call(f"patch solarrun {namespace}/{name} status",
                           self.custom.patch_namespaced_custom_object_status, RUN_GROUP, RUN_VERSION, namespace,
                           RUN_PLURAL, name, {"status": status_patch})
-
-    # -- PyTorchJobs (the generic calls below for kubeflow.org/v1) -------------------------------
-    def list_jobs(self, namespace: str, selector: str) -> list[dict]:
-        return self.list_objects(JOB_RES, namespace, selector)
-
-    def get_job(self, namespace: str, name: str) -> dict | None:
-        return self.get_object(JOB_RES, namespace, name)
-
-    def create_job(self, manifest: dict) -> bool:
-        """Create; False when a job of that name already exists."""
-        return self.create_object(JOB_RES, manifest)
-
-    def delete_job(self, namespace: str, name: str, uid: str) -> bool:
-        """Delete that very object (a uid precondition); False when it is already gone."""
-        return self.delete_object(JOB_RES, namespace, name, uid)
 
     # -- Events ---------------------------------------------------------------------------------
     def post_event(self, run: dict, kind: str, reason: str, message: str) -> None:
@@ -118,15 +105,8 @@ class Kube:
             "reason": reason, "message": message[:1024], "type": kind, "count": 1,
             "firstTimestamp": now, "lastTimestamp": now, "source": {"component": COMPONENT},
             "reportingComponent": f"{RUN_GROUP}/operator", "reportingInstance": self._instance[:128]})
-        what = f"post event {reason} on {meta['namespace']}/{meta['name']}"
-        try:
-            self.core.create_namespaced_event(meta["namespace"], body, _request_timeout=self.timeout)
-        except self._exc as exc:
-            if exc.status == 404:  # the namespace or run is gone: nobody to tell
-                return
-            raise errors.translate(exc, what) from None
-        except self._down as exc:
-            raise errors.translate(exc, what) from None
+        self._call(f"post event {reason} on {meta['namespace']}/{meta['name']}", self.core.create_namespaced_event,
+                   meta["namespace"], body)  # a 404: the namespace or run is gone, nobody to tell
 
     # -- any job kind (PyTorchJob, TrainJob), runtimes and discovery ----------------------------------
     # ``res`` is (group, version, plural); messages name one object of it (the plural without its "s").
@@ -142,17 +122,9 @@ class Kube:
     def create_object(self, res: tuple[str, str, str], manifest: dict) -> bool:
         """Create; False when an object of that name already exists (409 on create means just that)."""
         meta = manifest["metadata"]
-        what = f"create {res[2][:-1]} {meta['namespace']}/{meta['name']}"
-        try:
-            self.custom.create_namespaced_custom_object(*res[:2], meta["namespace"], res[2], manifest,
-                                                        _request_timeout=self.timeout)
-            return True
-        except self._exc as exc:
-            if exc.status == 409:
-                return False
-            raise errors.translate(exc, what) from None
-        except self._down as exc:
-            raise errors.translate(exc, what) from None
+        return self._call(f"create {res[2][:-1]} {meta['namespace']}/{meta['name']}",
+                          self.custom.create_namespaced_custom_object, *res[:2], meta["namespace"], res[2], manifest,
+                          answers={409: False}) is not False
 
     def patch_object(self, res: tuple[str, str, str], namespace: str, name: str, patch: dict) -> dict | None:
         """A JSON merge patch; None when the object is gone."""

@@ -49,10 +49,7 @@ def render(doc: dict, *, default_backend: str, repo: Path, storage_root: Path | 
         if storage_root is not None:
             files = observe_stage(storage_root / spec.storage.path / p.name, final_step=p.final_step,
                                   validation_step=p.validation_step, generation=p.generation)
-        start = resume.next_start(p, files, 1)
-        if start is None:
-            raise RunInvalid("NothingToResume", f"stage {p.name}: its directory holds a launched run without a "
-                                                "verified checkpoint")
+        start = resume.planned_start(p, files)
         out.append(build(api, spec, p, job_name(meta["name"], p.name), attempt=1, resume_from=start.resume_from))
     return plan, backend, out
 

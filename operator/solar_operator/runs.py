@@ -66,7 +66,7 @@ class Reconciler:
         self._guard = threading.Lock()   # held only to read or flip the flags below, never across I/O
         self._running: set[tuple[str, str]] = set()
         self._again: dict[tuple[str, str], str] = {}   # run -> the handler of its first coalesced trigger
-        # Events still to post, per run: [run, kind, reason, message, tries]
+        # Events still to post, per run: [kind, reason, message, tries]
         self._events: dict[tuple[str, str], list[list]] = {}
         self._plans: dict[str, tuple[int, RunPlan | RunInvalid]] = {}  # uid -> (generation, plan)
         # run -> {job: resourceVersion} its last successful pass saw: a job event that brings nothing
@@ -200,19 +200,19 @@ class Reconciler:
         key = (meta["namespace"], meta["name"])
         with self._guard:
             queue = self._events.pop(key, [])
-        queue += [[run, kind, reason, message, 0] for kind, reason, message in events]
+        queue += [[kind, reason, message, 0] for kind, reason, message in events]
         left = []
         for i, item in enumerate(queue):
-            item[4] += 1
+            item[3] += 1
             try:
-                self.kube.post_event(run, *item[1:4])
+                self.kube.post_event(run, *item[:3])
             except kopf.PermanentError as exc:  # refused as it is (400/422): another try fares no better
                 metrics.EVENTS.labels(result="dropped").inc()
-                log.warning(f"{key[0]}/{key[1]}: dropped event {item[2]}: {exc}")
+                log.warning(f"{key[0]}/{key[1]}: dropped event {item[1]}: {exc}")
             except kopf.TemporaryError as exc:
-                if item[4] >= EVENT_ATTEMPTS:
+                if item[3] >= EVENT_ATTEMPTS:
                     metrics.EVENTS.labels(result="dropped").inc()
-                    log.warning(f"{key[0]}/{key[1]}: dropped event {item[2]} after {item[4]} tries: {exc}")
+                    log.warning(f"{key[0]}/{key[1]}: dropped event {item[1]} after {item[3]} tries: {exc}")
                 else:
                     metrics.EVENTS.labels(result="retried").inc()
                     left.append(item)

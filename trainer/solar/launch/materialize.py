@@ -48,7 +48,7 @@ class Lazy:
     def read_like(self, like: torch.Tensor) -> torch.Tensor:
         """A new tensor laid out like ``like`` (this rank's rows of a sharded one) holding this one."""
         out = torch.empty_like(like)
-        local = _local(out)
+        local = local_part(out)
         local.copy_(self.read(local_rows(like)).to(device=local.device, dtype=local.dtype))
         return out
 
@@ -124,7 +124,8 @@ def local_rows(t: torch.Tensor) -> tuple[int, int] | None:
     return start, start + rows
 
 
-def _local(t: torch.Tensor) -> torch.Tensor:
+def local_part(t: torch.Tensor) -> torch.Tensor:
+    """This rank's shard of an FSDP2 (DTensor) tensor; any other tensor itself."""
     return t.to_local() if hasattr(t, "to_local") else t
 
 
@@ -165,7 +166,7 @@ def fill(model: torch.nn.Module, tensors: Mapping[str, Lazy], *, where: str, ini
         raise WeightsError(f"{where} do not fit the model: {report.summary()}")
     with torch.no_grad():
         for name, target in state.items():
-            local = _local(target)
+            local = local_part(target)
             rows = local_rows(target)
             value = tensors[name].read(rows)
             local.copy_(value.to(device=local.device, dtype=local.dtype))

@@ -132,10 +132,10 @@ def dry_run(path: str, *, workdir: str = "solar-runs", nproc: int | None = None,
     for p in plan.stages:
         files = observe_stage(p.stage_dir, final_step=p.final_step, validation_step=p.validation_step,
                               generation=p.generation)
-        start = resume.next_start(p, files, 1)
-        if start is None:
-            raise SolarError(f"{path}: stage {p.name}: {p.stage_dir} holds a launched run without a verified "
-                             "checkpoint (NothingToResume)")
+        try:
+            start = resume.planned_start(p, files)
+        except RunInvalid as exc:
+            raise SolarError(f"{path}: {exc.message} ({exc.reason})") from None
         what = f"final checkpoint step {p.final_step}" if p.final_step is not None else "generation"
         lines.append(f"#   {p.name}: {p.action} {p.route} with {p.nproc} process(es), {what} ({start.how})")
         docs.append({"stage": p.name, "action": p.action, "route": p.route, "stageDir": p.stage_dir,

@@ -14,8 +14,9 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from solar.run import conditions as C
 from solar.run.observe import StageFiles
-from solar.run.plan import StagePlan
+from solar.run.plan import RunInvalid, StagePlan
 
 
 @dataclass(frozen=True)
@@ -34,3 +35,13 @@ def next_start(plan: StagePlan, files: StageFiles, attempt: int) -> Start | None
             return None
         return Start(None, "fresh")
     return Start(None, "continuing" if files.launched else "fresh")
+
+
+def planned_start(plan: StagePlan, files: StageFiles) -> Start:
+    """How a stage's next job would start as seen before any job exists (the dry runs); RunInvalid
+    NothingToResume when it cannot."""
+    start = next_start(plan, files, 1)
+    if start is None:
+        raise RunInvalid(C.NOTHING_TO_RESUME.name, C.NOTHING_TO_RESUME.message(stage=plan.name, attempt=1,
+                                                                              dir=plan.stage_dir))
+    return start

@@ -37,7 +37,7 @@ from solar.config.contracts import checkpoint_contract
 from solar.launch import precision
 from solar.launch.batch import Batch, collate
 from solar.launch.distributed import CollectiveFailure
-from solar.launch.materialize import Lazy, checkpoint, materialize, module_tensors, released
+from solar.launch.materialize import Lazy, checkpoint, local_part, materialize, module_tensors, released
 from solar.models.lora import active, adapters_of, role_name, shared_name
 from solar.models.registry import model_from_config
 from solar.models.weights import WeightsError
@@ -65,7 +65,7 @@ def _role_tensors(cfg, ck, resume: bool, sources: dict) -> dict[str, tuple[dict,
     random = None
     if sources.get("teacher") is None:
         random = {role: module_tensors(model_from_config(cfg, device="cpu"))
-                  for role in ("student", "teacher", "critic")}
+                  for role in ROLES}
 
     def member(path: str, role: str, weights: str) -> dict:
         tensors = checkpoint(Path(path), role, weights)
@@ -81,7 +81,7 @@ def _role_tensors(cfg, ck, resume: bool, sources: dict) -> dict[str, tuple[dict,
     if sources:
         return {role: (member(src["path"], "model", src["weights"]), f"checkpoint.roles.{role}.path {src['path']}")
                 for role, src in sources.items()}
-    return {role: ({**random[role], **base}, f"the seeded random {role}") for role in ("student", "teacher", "critic")}
+    return {role: ({**random[role], **base}, f"the seeded random {role}") for role in ROLES}
 
 
 def _same(a: Lazy, b: Lazy, digests: dict[int, str]) -> bool:
@@ -135,11 +135,8 @@ def _group_tensors(group: tuple[str, ...], tensors: dict[str, dict[str, Lazy]]) 
 
 def _models_record(groups: list[tuple[str, ...]], models: dict[str, torch.nn.Module]) -> list[dict]:
     """What each model holds on this rank (its local shards): the roles it serves and its bytes."""
-    def local(t: torch.Tensor) -> torch.Tensor:
-        return t.to_local() if hasattr(t, "to_local") else t
-
     return [{"roles": list(group),
-             "parameter_bytes": sum(local(p).numel() * p.element_size() for p in models[group[0]].parameters())}
+             "parameter_bytes": sum(local_part(p).numel() * p.element_size() for p in models[group[0]].parameters())}
             for group in groups]
 
 
