@@ -4,14 +4,21 @@ frames per second of the DiT alone (no VAE decode), bf16, batch 1, for TI2V-5B a
 (704x1280: 880 tokens per frame) and a Wan2.1-1.3B-shaped config (1536 wide, 30 layers, 12 heads,
 480x832: 1,560 tokens per frame with the 8x VAE).
 
-    PYTHONPATH=trainer:. python3 bench/gpu/generate.py
+Variants: ``eager``; ``compiled`` (each block ``torch.compile``d: the fixed-size key/value ring
+of ``ChunkCache`` gives every chunk forward and commit one shape, so one graph serves them);
+``reduce-overhead`` (the same in ``torch.compile``'s CUDA-graph mode).
+
+    PYTHONPATH=trainer:. python3 bench/gpu/generate.py [VARIANT ...]   # default: eager compiled
 """
 
 from __future__ import annotations
 
 import dataclasses
+import functools
+import sys
 
 import torch
+import torch._dynamo
 
 from bench.gpu.common import emit, peak_memory, timed
 from solar.config import families
@@ -35,17 +42,18 @@ def rollout(model: WanDiT, channels: int, lat_h: int, lat_w: int, prompt: torch.
         model.commit_chunk(x, cache, cameras=cams)
 
 
-def run(name: str, dims, channels: int, lat_h: int, lat_w: int, compiled: bool) -> None:
+def run(name: str, dims, channels: int, lat_h: int, lat_w: int, variant: str) -> None:
+    torch._dynamo.reset()
     with torch.device("cuda"):
         model = WanDiT(WanConfig(dims, camera_transform=None, attention_backend="sdpa")).to(torch.bfloat16).eval()
-    if compiled:
+    if variant != "eager":
         for block in model.blocks:
-            block.compile()
+            block.compile(mode=None if variant == "compiled" else variant)
     prompt = torch.randn(1, 512, dims.text_dim, device="cuda", dtype=torch.bfloat16)
     torch.cuda.reset_peak_memory_stats()
     with torch.no_grad():
-        t = timed(lambda: rollout(model, channels, lat_h, lat_w, prompt), warmup=2, iters=5)
-    emit({"bench": "causal_generation", "model": name, "compiled": compiled, "latent_frames": FRAMES,
+        t = timed(functools.partial(rollout, model, channels, lat_h, lat_w, prompt), warmup=2, iters=5)
+    emit({"bench": "causal_generation", "model": name, "variant": variant, "latent_frames": FRAMES,
           "steps_per_chunk": STEPS, "tokens_per_frame": (lat_h // 2) * (lat_w // 2), **t,
           "latent_frames_per_s": FRAMES / t["median_s"], "peak_gib": peak_memory()})
     del model
@@ -56,12 +64,12 @@ def main() -> None:
     five = families.spec("wan22_ti2v_5b").dims("released")
     small = dataclasses.replace(five, num_layers=30, hidden_size=1536, num_heads=12, head_dim=128, ffn_dim=8960,
                                 in_channels=16, out_channels=16)
-    for compiled in (False, True):
-        try:
-            run("wan22_ti2v_5b_720p", five, 48, 44, 80, compiled)
-            run("wan_1.3b_shaped_480p", small, 16, 60, 104, compiled)
-        except Exception as exc:  # noqa: BLE001
-            emit({"bench": "causal_generation", "compiled": compiled, "error": repr(exc)[:400]})
+    for variant in sys.argv[1:] or ["eager", "compiled"]:
+        for name, args in (("wan22_ti2v_5b_720p", (five, 48, 44, 80)), ("wan_1.3b_shaped_480p", (small, 16, 60, 104))):
+            try:
+                run(name, *args, variant)
+            except Exception as exc:  # noqa: BLE001
+                emit({"bench": "causal_generation", "model": name, "variant": variant, "error": repr(exc)[:400]})
 
 
 if __name__ == "__main__":

@@ -38,6 +38,7 @@ COMPILE = ["runtime.compile=true"]
 # eager cases keep the figures recorded before that comparable.
 EAGER = ["runtime.compile=false"]
 VALIDATE = ["runtime.validation_steps=[1]", "validation.sample_count=1"]
+SAVE_ATTENTION = ["distributed.activation_checkpointing_policy=save_attention"]
 # name: (config, extra --set values, step events to wait for)
 CASES = {
     "s05_81f": (f"{WAN}/train_stage0p5_fm_81f.yaml", EAGER, 8),
@@ -46,6 +47,12 @@ CASES = {
     "s1_anyflow": (f"{WAN}/train_stage1_tf_anyflow_81f.yaml", S1 + EAGER, 8),
     "s1_anyflow_before": (f"{WAN}/train_stage1_tf_anyflow_81f.yaml", S1 + EAGER, 6),
     "s1_anyflow_compile": (f"{WAN}/train_stage1_tf_anyflow_81f.yaml", S1 + COMPILE, 8),
+    # the forward with grad keeps the attention outputs (and the last N blocks everything) instead of recomputing
+    "s1_anyflow_compile_sa": (f"{WAN}/train_stage1_tf_anyflow_81f.yaml", S1 + COMPILE + SAVE_ATTENTION, 8),
+    "s1_anyflow_compile_sa_skip6": (f"{WAN}/train_stage1_tf_anyflow_81f.yaml", S1 + COMPILE + SAVE_ATTENTION + [
+        "distributed.activation_checkpointing_skip_blocks=6"], 8),
+    "s1_anyflow_compile_sa_skip10": (f"{WAN}/train_stage1_tf_anyflow_81f.yaml", S1 + COMPILE + SAVE_ATTENTION + [
+        "distributed.activation_checkpointing_skip_blocks=10"], 8),
     # runtime.profile_steps: the trainer's own torch.profiler tables (steady steps)
     "s1_anyflow_profile": (f"{WAN}/train_stage1_tf_anyflow_81f.yaml", S1 + EAGER + ["runtime.profile_steps=[4]"], 4),
     "s1_anyflow_save_attention": (f"{WAN}/train_stage1_tf_anyflow_81f.yaml",

@@ -85,3 +85,28 @@ def test_role_optimizers_follow_their_blocks(tmp_path):
     assert isinstance(state.critic, Role)
     assert state.critic.optimizer.param_groups[0]["betas"] == (0.0, 0.999)
     assert state.levels[0] == 1000.0 and len(state.levels) == 4
+
+
+@pytest.mark.parametrize("negative_tokens, forwards", [(5, 1), (3, 2)])
+def test_guided_teacher_scores_both_prompts_in_one_batch(negative_tokens, forwards, tmp_path):
+    """Under guidance the teacher's conditional and unconditional velocities come from one forward
+    over a batch of both when the prompts have one shape (two forwards otherwise), with the values of
+    separate forwards."""
+    state, student, batch = _setup("wan22_ti2v_5b", tmp_path)
+    assert state.sgf.real_guidance_scale != 1.0
+    state.negative = torch.randn(negative_tokens, student.cfg.dims.text_dim, generator=torch.Generator().manual_seed(2))
+    g = torch.Generator().manual_seed(3)
+    cond = state._conditions(batch, g)
+    noisy = torch.randn(batch.latents.shape, generator=g)
+    level = torch.rand(1, noisy.shape[2], generator=g) * 1000
+    cams = cond.cameras[:, :noisy.shape[2]]
+    calls = []
+    hook = state.teacher.register_forward_hook(lambda *_: calls.append(1))
+    with torch.no_grad():
+        conditional, unconditional = state._teacher_velocities(noisy, level, cond, cams)
+        hook.remove()
+        alone = state._velocity(state.teacher, noisy, level, cond, cams=cams)
+        negative = state._velocity(state.teacher, noisy, level, cond, negative=True, cams=cams)
+    assert len(calls) == forwards
+    assert (conditional - alone).abs().max().item() <= 1e-5
+    assert (unconditional - negative).abs().max().item() <= 1e-5

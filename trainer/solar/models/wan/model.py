@@ -9,7 +9,8 @@ down where it happens:
 - camera PRoPE acts on head channels [prope_start, D) after RoPE (``prope.py``);
 - the teacher-forcing layout ``[clean frames | noisy frames]`` shares frame positions and cameras
   between the two copies and attends through ``TokenMask``; chunk-by-chunk generation keeps each
-  layer's transformed keys/values of committed clean chunks in ``KVCache``;
+  layer's transformed keys/values of committed clean chunks in the fixed buffers of ``ChunkCache``
+  (one shape for every chunk, so compiled blocks compile once);
 - AnyFlow adds ``condition_embedder.delta_embedding`` (a copy of the time embedder) for the endpoint
   r, mixed as (1 - gate) * emb(t) + gate * emb(r).
 
@@ -27,7 +28,14 @@ import torch.nn as nn
 import torch.nn.functional as F
 
 from solar.config.families import Dims
-from solar.models.attention import TokenMask, build_attention, clean_mask, teacher_forcing_mask
+from solar.models.attention import (
+    TokenMask,
+    attend_valid_keys,
+    build_attention,
+    clean_mask,
+    is_reference,
+    teacher_forcing_mask,
+)
 from solar.models.prope import CameraMatrices, apply_blocks, camera_matrices
 from solar.models.rope import apply_rope, rope_tables
 from solar.models.sequence_parallel import SPGroup, frame_splits, gather_frames, ulysses
@@ -143,13 +151,55 @@ class LayerCache:
 
 @dataclass
 class KVCache:
-    """Per-layer keys/values of committed clean chunks within the attention window."""
+    """Per-layer keys/values of a clean token run (the teacher-forcing context)."""
 
     layers: list[LayerCache]
     context: torch.Tensor              # embedded prompt [B, L, D]
     window_chunks: int
     tokens_per_frame: int = 0
+
+
+@dataclass
+class ChunkCache:
+    """Chunk-by-chunk generation's keys/values in fixed buffers, so every chunk forward has the
+    same shapes (a compiled block compiles once, not once per cache length and mode).
+
+    Each layer's ``k``/``v`` [B, H, (W + 1) * m, D] (W = ``window_chunks``, m tokens per chunk) is a
+    ring of W + 1 slots: chunk c lives in slot c mod (W + 1). A chunk forward writes its own keys and
+    values into its slot and attends to the slots ``valid`` marks (the committed chunks within the
+    window and itself); the slot it overwrites held the chunk that just left the window. Committing
+    is bookkeeping only: the committed chunk's slot stays valid. Attention does not depend on the
+    order of its keys, so this equals attending to ``[window chunks | current]`` in order."""
+
+    layers: list[LayerCache]
+    context: torch.Tensor              # embedded prompt [B, L, D]
+    window_chunks: int
+    chunk_frames: int = 0              # set by the first chunk; every chunk has this many frames
+    tokens_per_frame: int = 0
     committed_frames: int = 0
+    slot: torch.Tensor | None = None   # [m] token indices of the current chunk's slot
+    valid: torch.Tensor | None = None  # [1, 1, 1, (W + 1) * m] bool: keys a chunk may attend to
+
+    def prepare(self, frames: int, tokens_per_frame: int, device: torch.device) -> None:
+        """Check the chunk's shape and point ``slot``/``valid`` at the next chunk."""
+        if self.chunk_frames == 0:
+            self.chunk_frames, self.tokens_per_frame = frames, tokens_per_frame
+        elif (frames, tokens_per_frame) != (self.chunk_frames, self.tokens_per_frame):
+            raise ValueError(f"chunks of one generation must have one shape: the cache holds chunks of "
+                             f"{self.chunk_frames} frames of {self.tokens_per_frame} tokens, got {frames} "
+                             f"of {tokens_per_frame}")
+        m, slots = frames * tokens_per_frame, self.window_chunks + 1
+        chunk = self.committed_frames // frames
+        committed = torch.zeros(slots, dtype=torch.bool)
+        for prior in range(max(0, chunk - self.window_chunks), chunk + 1):
+            committed[prior % slots] = True
+        valid = committed.repeat_interleave(m).view(1, 1, 1, slots * m).to(device)
+        slot = torch.arange(m) + (chunk % slots) * m
+        if self.valid is None:
+            self.valid, self.slot = valid, slot.to(device)
+        else:  # in place: a compiled block sees the same tensors every chunk
+            self.valid.copy_(valid)
+            self.slot.copy_(slot)
 
 
 @dataclass
@@ -178,6 +228,7 @@ class _Step:
     attend: object
     cache: KVCache | None = None
     commit: bool = False
+    ring: ChunkCache | None = None     # chunk generation: write the slot, attend to the valid keys
 
 
 class Block(nn.Module):
@@ -218,7 +269,11 @@ class Block(nn.Module):
             k = apply_blocks(k, step.cams.key, n, self.prope_start)
             v = apply_blocks(v, step.cams.key, n, self.prope_start)
         q, k, v = (t.transpose(1, 2) for t in (q, k, v))  # [B, H, S, D]
-        if layer is not None:
+        if step.ring is not None:
+            layer.k.index_copy_(2, step.ring.slot, k)
+            layer.v.index_copy_(2, step.ring.slot, v)
+            out = attend_valid_keys(q, layer.k, layer.v, step.ring.valid, reference=is_reference(step.attend))
+        elif layer is not None:
             keys = k if layer.k is None else torch.cat([layer.k, k], dim=2)
             values = v if layer.v is None else torch.cat([layer.v, v], dim=2)
             out = step.attend(q, keys, values, step.mask)
@@ -237,12 +292,17 @@ class Block(nn.Module):
         if layer is not None and layer.ctx_k is not None:
             k, v = layer.ctx_k, layer.ctx_v
         else:
-            k = a.heads_of(a.rms(a.norm_k, a.to_k(context))).transpose(1, 2)
-            v = a.heads_of(a.to_v(context)).transpose(1, 2)
+            k, v = self.context_kv(context)
             if layer is not None:
                 layer.ctx_k, layer.ctx_v = k, v
         out = F.scaled_dot_product_attention(q, k, v)
         return a.to_out[0](out.transpose(1, 2).flatten(2))
+
+    def context_kv(self, context: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """The prompt's cross-attention keys and values [B, H, L, D]."""
+        a = self.attn2
+        return (a.heads_of(a.rms(a.norm_k, a.to_k(context))).transpose(1, 2),
+                a.heads_of(a.to_v(context)).transpose(1, 2))
 
     def forward(self, x: torch.Tensor, context: torch.Tensor, step: _Step,
                 layer: LayerCache | None = None) -> torch.Tensor:
@@ -334,7 +394,7 @@ class WanDiT(nn.Module):
 
     def _run(self, tokens: torch.Tensor, context: torch.Tensor, *, t_BF: torch.Tensor,
              r_BF: torch.Tensor | None, positions: torch.Tensor, grid_hw: tuple[int, int],
-             cams: CameraMatrices | None, mask: TokenMask | None, cache: KVCache | None = None,
+             cams: CameraMatrices | None, mask: TokenMask | None, cache: KVCache | ChunkCache | None = None,
              commit: bool = False) -> torch.Tensor:
         """Blocks over a token run of whole frames; returns final-normed, projected tokens."""
         h, w = grid_hw
@@ -356,7 +416,8 @@ class WanDiT(nn.Module):
             sizes = [s * n for s in splits]
             attend = ulysses(attend, sp, lambda: sizes)
         cos, sin = rope_tables(positions, h, w, rope_dims, self.cfg.rope_theta)
-        step = _Step(mod, cos.to(tokens.device), sin.to(tokens.device), cams, mask, n, attend, cache, commit)
+        ring = cache if isinstance(cache, ChunkCache) else None
+        step = _Step(mod, cos.to(tokens.device), sin.to(tokens.device), cams, mask, n, attend, cache, commit, ring)
         x = tokens
         for i, block in enumerate(self.blocks):
             x = block(x, context, step, None if cache is None else cache.layers[i])
@@ -465,40 +526,54 @@ class WanDiT(nn.Module):
         return self._unpatchify(out, grid)
 
     # --- chunk-by-chunk generation -----------------------------------------------------------
-    def new_cache(self, prompt_embeds: torch.Tensor) -> KVCache:
-        return KVCache([LayerCache() for _ in self.blocks],
-                       self.condition_embedder.text_embedder(prompt_embeds), self.cfg.max_prior_clean_chunks)
+    def new_cache(self, prompt_embeds: torch.Tensor) -> ChunkCache:
+        return ChunkCache([LayerCache() for _ in self.blocks],
+                          self.condition_embedder.text_embedder(prompt_embeds), self.cfg.max_prior_clean_chunks)
 
-    def _chunk(self, x: torch.Tensor, timestep, cache: KVCache, cameras, r_timestep, condition,
+    def _fill(self, cache: ChunkCache, tokens: torch.Tensor) -> None:
+        """Allocate the key/value rings and the prompt's cross-attention keys/values on first use,
+        outside the (compiled) blocks, in the dtype the blocks' projections produce."""
+        if cache.layers[0].k is not None:
+            return
+        d = self.cfg.dims
+        device = tokens.device
+        dtype = (torch.get_autocast_dtype(device.type) if torch.is_autocast_enabled(device.type)
+                 else self.proj_out.weight.dtype)
+        shape = (tokens.shape[0], d.num_heads, (cache.window_chunks + 1) * cache.chunk_frames * cache.tokens_per_frame,
+                 d.head_dim)
+        for block, layer in zip(self.blocks, cache.layers):
+            layer.k = torch.zeros(shape, dtype=dtype, device=device)
+            layer.v = torch.zeros(shape, dtype=dtype, device=device)
+            layer.ctx_k, layer.ctx_v = block.context_kv(cache.context)
+
+    def _chunk(self, x: torch.Tensor, timestep, cache: ChunkCache, cameras, r_timestep, condition,
                commit: bool) -> torch.Tensor:
         if condition is not None:
             x = torch.cat([x, condition], dim=1)
         tokens, grid = self._patchify(x)
         B, frames = x.shape[0], grid[0]
+        cache.prepare(frames, grid[1] * grid[2], tokens.device)
+        self._fill(cache, tokens)
         t = self._frame_time(timestep, frames, B)
         r = None if r_timestep is None else self._frame_time(r_timestep, frames, B)
         start = cache.committed_frames
         positions = torch.arange(start, start + frames, device=x.device)
         cams = self._cameras(cameras, frames, B)
         out = self._run(tokens, cache.context, t_BF=t, r_BF=r, positions=positions, grid_hw=grid[1:],
-                        cams=cams, mask=None, cache=cache, commit=commit)
+                        cams=cams, mask=None, cache=cache)
         if commit:
-            cache.tokens_per_frame = grid[1] * grid[2]
             cache.committed_frames += frames
-            for layer in cache.layers:
-                layer.frames.append(frames)
-                while len(layer.frames) > cache.window_chunks:
-                    drop = layer.frames.pop(0) * cache.tokens_per_frame
-                    layer.k, layer.v = layer.k[:, :, drop:], layer.v[:, :, drop:]
         return self._unpatchify(out, grid)
 
-    def forward_chunk(self, noisy: torch.Tensor, timestep, cache: KVCache, *, cameras=None,
+    @torch.no_grad()
+    def forward_chunk(self, noisy: torch.Tensor, timestep, cache: ChunkCache, *, cameras=None,
                       r_timestep=None, condition=None) -> torch.Tensor:
-        """Predict for the next chunk from the cache; the cache is not changed."""
+        """Predict for the next chunk from the cache (without grad); the committed chunks are not
+        changed."""
         return self._chunk(noisy, timestep, cache, cameras, r_timestep, condition, commit=False)
 
     @torch.no_grad()
-    def commit_chunk(self, clean: torch.Tensor, cache: KVCache, *, cameras=None, condition=None) -> None:
+    def commit_chunk(self, clean: torch.Tensor, cache: ChunkCache, *, cameras=None, condition=None) -> None:
         """Run a finished chunk at t = 0 and keep its keys/values (oldest beyond the window evicted)."""
         zeros = torch.zeros(clean.shape[0], device=clean.device)
         r = zeros if self.condition_embedder.delta_embedding is not None else None
