@@ -23,6 +23,7 @@ capability >= 8.9.
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import importlib.util
 import logging
 
@@ -91,9 +92,12 @@ def convert(model: torch.nn.Module, recipe: str) -> int:
     f8 = _float8()
     prefix = _block_prefix(model)
     names = set(eligible(model))
-    f8.convert_to_float8_training(model, config=f8.Float8LinearConfig.from_recipe_name(recipe),
-                               module_filter_fn=lambda module, fqn: fqn in names and _wanted(module, fqn, prefix))
-    return sum(1 for module in model.modules() if type(module).__name__ == "Float8Linear")
+    # pad_inner_dim: the weight-gradient matmul's inner dimension is the token count (batch x sequence,
+    # or x prompt length for cross-attention's keys and values), which FP8 matmuls need in multiples of 16.
+    config = dataclasses.replace(f8.Float8LinearConfig.from_recipe_name(recipe), pad_inner_dim=True)
+    f8.convert_to_float8_training(model, config=config,
+                                  module_filter_fn=lambda module, fqn: fqn in names and _wanted(module, fqn, prefix))
+    return len(converted(model))
 
 
 def converted(model: torch.nn.Module) -> list[torch.nn.Module]:
