@@ -39,6 +39,16 @@ def test_off_by_default_and_resolve_shows_the_recipe(cli, tmp_path):
     assert _model_block(chosen)["fp8_linear"] == "rowwise"
 
 
+def test_a_bare_yaml_off_means_off(cli, tmp_path):
+    # YAML 1.1 reads off as false, in a file and in --set alike
+    assert _model_block(_resolve(cli, WAN_FM, [*BASE, "model.fp8_linear=off"], tmp_path))["fp8_linear"] == "off"
+    (tmp_path / "resolved.json").unlink()
+    config = tmp_path / "fp8-off.yaml"
+    config.write_text(WAN_FM.read_text().replace("model:\n", "model:\n  fp8_linear: off\n", 1))
+    assert "fp8_linear: off" in config.read_text()
+    assert _model_block(_resolve(cli, config, BASE, tmp_path))["fp8_linear"] == "off"
+
+
 def test_shipped_configs_keep_it_off():
     texts = [path.read_text() for path in CONFIGS.rglob("*.yaml")]
     assert texts and not any("fp8_linear" in text for text in texts)

@@ -109,6 +109,11 @@ class ModelBlock(Block):
             return ALIASES.get(value.strip().lower(), value)
         return value
 
+    @field_validator("fp8_linear", mode="before")
+    @classmethod
+    def _yaml_off(cls, value: Any) -> Any:
+        return "off" if value is False else value  # YAML reads a bare off as false
+
 
 # --- data --------------------------------------------------------------------------------------
 
