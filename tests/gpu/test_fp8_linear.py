@@ -4,9 +4,9 @@
   activation checkpointing as the product builds them: output and gradients within 5% relative
   (L2) of the bf16 model, the FM loss within 1%, every gradient finite (the bound
   solar.train.fp8 states); ``high_precision`` gives the bf16 model's output.
-- The product's entry point on the tiny Wan Stage0.5 and Stage1 configs with compile on: the run
-  completes, records the FP8 event with the converted count, and its validation generation
-  (bf16 through ``high_precision``) completes.
+- The product's entry point on the tiny Wan Stage0.5, Stage1 and Stage2 configs with compile on:
+  the run completes with finite losses, records the FP8 event with the converted count, and
+  (Stage0.5, Stage1) its validation generation (bf16 through ``high_precision``) completes.
 
 Skipped without such a device or without torchao (CI has neither)."""
 
@@ -82,24 +82,34 @@ def test_released_dims_blocks_within_the_bound_of_bf16(recipe, compiled):
     assert abs(float(loss - loss0)) < LOSS_BOUND * float(loss0), (float(loss), float(loss0))
     with torch.no_grad(), fp8.high_precision(converted), torch.autocast("cuda", dtype=torch.bfloat16):
         out_hp = converted(*inputs, cameras=cams).float()
-    assert _rel(out_hp, out0) < 1e-2  # bf16 matmuls again (compiled kernels may order sums differently)
+    # bf16 matmuls again: as close to the bf16 model as compiled kernels allow, much closer than FP8 is
+    assert _rel(out_hp, out0) < min(1e-2, _rel(out, out0) / 3), (_rel(out_hp, out0), _rel(out, out0))
 
 
-@pytest.mark.parametrize("config, recipe", [("train_stage0p5_fm_81f.yaml", "tensorwise"),
-                                            ("train_stage1_tf_anyflow_81f.yaml", "rowwise")])
-def test_product_entry_point_trains_and_validates_in_fp8(config, recipe, tmp_path):
+VALIDATE = ["train.max_steps=2", "runtime.validate_every=2", "validation.decode_latents=1"]
+
+
+@pytest.mark.parametrize("config, recipe, sets, linears", [
+    ("train_stage0p5_fm_81f.yaml", "tensorwise", VALIDATE, 20),
+    ("train_stage1_tf_anyflow_81f.yaml", "rowwise", VALIDATE, 20),
+    # student, frozen teacher and critic: six critic updates and a student update
+    ("train_stage2_sgf_81f.yaml", "tensorwise",
+     ["train.max_steps=6", "runtime.validate_every=0", "runtime.validation_steps=[]"], 60)])
+def test_product_entry_point_trains_in_fp8(config, recipe, sets, linears, tmp_path):
     from solar.data.synth import synthesize
     from solar.train.launch import train
 
     synthesize("wan22_ti2v_5b", tmp_path / "data", samples=4, seed=1)
     out = tmp_path / "run"
     assert train(str(CONFIGS / "tiny" / "wan22_ti2v_5b" / config),
-                 [f"data.root={tmp_path / 'data'}", f"runtime.output_dir={out}", "train.max_steps=2",
-                  "runtime.device=cuda", "runtime.compile=true", f"model.fp8_linear={recipe}",
-                  "runtime.validate_every=2", "validation.decode_latents=1"]) == 0
+                 [f"data.root={tmp_path / 'data'}", f"runtime.output_dir={out}", "runtime.device=cuda",
+                  "runtime.compile=true", f"model.fp8_linear={recipe}", *sets]) == 0
     events = [json.loads(line) for line in (out / "events" / "rank-00000.jsonl").read_text().splitlines()]
     [record] = [e for e in events if e["event"] == "fp8"]
-    assert record["recipe"] == recipe and record["linears"] == 20
-    assert [e for e in events if e["event"] == "validation"]
+    assert record["recipe"] == recipe and record["linears"] == linears
+    steps = [e for e in events if e["event"] == "step"]
+    assert steps and all(torch.isfinite(torch.tensor(e["loss"])) for e in steps)
+    if "runtime.validate_every=2" in sets:  # validation generation (bf16 through high_precision) completes
+        assert [e for e in events if e["event"] == "validation"]
     result = json.loads((out / "run-result.json").read_text())
     assert result["status"] == "complete", result
