@@ -15,8 +15,6 @@ import sys
 
 
 def _step(model, inputs, cams, target):
-    import torch
-
     model.zero_grad(set_to_none=True)
     loss = (model(*inputs, cameras=cams) - target).square().mean()
     loss.backward()
