@@ -18,7 +18,9 @@ against the ``off`` case of its stage: max and mean relative per-step loss diffe
 
 Expected duration on one H200: about 2 minutes per 200-step Stage0.5 case at 10 blocks (start and
 compile ~1 min, ~0.4 s/step), about 2 minutes per 8-step Stage1 case; ``s05_off s05_tensorwise``
-fits one 10-minute call with room for ``s05_rowwise``.
+fits one 10-minute call with room for ``s05_rowwise``. A pair too long for one call (Stage1 over 200
+steps, ~1.1 s/step at 10 blocks) runs as two: ``--out a.jsonl s1_off``, then ``--baseline a.jsonl
+s1_tensorwise``.
 """
 
 from __future__ import annotations
@@ -115,6 +117,8 @@ def main() -> None:
     parser.add_argument("--s1-steps", type=int, default=8, help="steps of each Stage1 case")
     parser.add_argument("--warm", type=int, default=5, help="first steps left out of the steady median")
     parser.add_argument("--out", help="also append the JSON lines to this file")
+    parser.add_argument("--baseline", help="JSON lines of an earlier call (its --out file): its off cases stand in "
+                                           "for those not run now, so a long pair can span two device calls")
     args = parser.parse_args()
     for name in args.cases:
         stage, _, recipe = name.partition("_")
@@ -134,8 +138,14 @@ def main() -> None:
         steps = args.steps if name.startswith("s05_") else args.s1_steps
         results[name] = run(name, steps, min(args.warm, steps - 1))
         emit(results[name])
+    earlier: dict[str, dict] = {}
+    if args.baseline:
+        for line in Path(args.baseline).read_text().splitlines():
+            doc = json.loads(line) if line.strip() else {}
+            if doc.get("case", "").endswith("_off") and "error" not in doc:
+                earlier[doc["case"]] = doc
     for name, result in results.items():
-        off = results.get(name.split("_")[0] + "_off")
+        off = results.get(name.split("_")[0] + "_off") or earlier.get(name.split("_")[0] + "_off")
         if name.endswith("_off") or off is None or "error" in result or "error" in off:
             continue
         emit(compare(result, off))
