@@ -61,7 +61,7 @@ def test_block_linears_convert_and_stay_within_the_bound(recipe):
     model, inputs, cams, target = _tiny_wan()
     converted = copy.deepcopy(model)
     names = fp8.eligible(converted)
-    assert fp8.convert(converted, recipe) == len(names) == 20  # 2 blocks x (q k v o twice, norms' none, ffn 2)
+    assert fp8.convert(converted, recipe) == len(names) == 20  # 2 blocks x (q k v o of both attentions, FFN 2)
     kinds = {name: type(module).__name__ for name, module in converted.named_modules()}
     assert all(kinds[name] == "Float8Linear" for name in names)
     assert all(name.startswith("blocks.") for name in names)
