@@ -82,6 +82,21 @@ def test_block_linears_convert_and_stay_within_the_bound(recipe):
     assert torch.equal(out_again, out)
 
 
+@pytest.mark.parametrize("config, count", [("wan22_i2v_a14b/train_stage0p5_fm_81f.yaml", 20),
+                                           ("ltx25/train_stage0p5_fm_153f.yaml", 20),
+                                           ("minimax_h3/train_stage0p5_fm_158f.yaml", 12)])
+def test_every_family_converts_its_token_wise_block_linears(config, count):
+    cfg = resolve_file(CONFIGS / "tiny" / config, ["data.root=/d", "runtime.output_dir=/o", "model.training_mode=full",
+                                                    "model.lora=null", "model.fp8_linear=tensorwise"]).config
+    model = model_from_config(cfg, device="meta")
+    assert fp8.convert(model, "tensorwise") == count  # q k v o of each attention and the FFN's two, per block
+    names = {name for name, module in model.named_modules() if type(module).__name__ == "Float8Linear"}
+    left = {name for name, module in model.named_modules() if type(module) is torch.nn.Linear}
+    assert not {n for n in names if "adaln" in n or "norm" in n}
+    if "minimax_h3" in config:  # its blocks' modulation projections stay (one row per sample)
+        assert {n for n in left if ".adaln_proj." in n and n.startswith("transformer_blocks.")}
+
+
 def test_off_converts_nothing():
     model, *_ = _tiny_wan()
     assert fp8.convert(model, "off") == 0

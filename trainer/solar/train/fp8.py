@@ -1,11 +1,12 @@
 """FP8 linear layers (``model.fp8_linear``), in one place: torchao's float8 training recipes on the
 transformer blocks' ``nn.Linear`` layers of every DiT a training run builds.
 
-``convert`` swaps each plain ``nn.Linear`` inside the model's block list whose in and out features
-are multiples of 16 (what the FP8 matmul needs) for torchao's ``Float8Linear`` (the same ``weight``
-and ``bias`` parameters, so names, checkpoints and the fp32 master weights are unchanged); the
-patch embedding, the condition embedders and the output projection sit outside the blocks and keep
-bf16. It runs on the meta-device model before activation checkpointing, compile and FSDP2, the
+``convert`` swaps each plain ``nn.Linear`` inside the model's block list that projects tokens
+(attention q, k, v and output, the FFN's two; not a modulation projection) and whose in and out
+features are multiples of 16 (what the FP8 matmul needs) for torchao's ``Float8Linear`` (the same
+``weight`` and ``bias`` parameters, so names, checkpoints and the fp32 master weights are
+unchanged); the patch embedding, the condition embedders and the output projection sit outside the
+blocks and keep bf16. It runs on the meta-device model before activation checkpointing, compile and FSDP2, the
 order torchao documents. FSDP2 gathers the bf16 parameters and each layer casts its weight after the
 gather (torchao's FP8 all-gather is left off: it would put a tensor subclass in the parameters our
 materialisation fills, and it would keep validation generation from computing in bf16).
@@ -30,6 +31,7 @@ import contextlib
 import dataclasses
 import importlib.util
 import logging
+import re
 
 import torch
 
@@ -78,13 +80,21 @@ def _block_prefix(model: torch.nn.Module) -> str:
 
 def eligible(model: torch.nn.Module) -> list[str]:
     """The names of the linear layers ``convert`` swaps: plain ``nn.Linear`` (not LoRA layers or their
-    factors) inside the block list, both dimensions multiples of 16."""
+    factors) inside the block list that project tokens (attention q/k/v/out, the FFN), both
+    dimensions multiples of 16."""
     prefix = _block_prefix(model)
     return [name for name, module in model.named_modules() if _wanted(module, name, prefix)]
 
 
+# The token-wise projections of a block: attention q, k, v and output (self and cross), the FFN's two.
+# Not a block's modulation projection (MiniMax-H3's adaln_proj: one row per sample, nothing to gain and
+# the gates and shifts of every token to lose precision in).
+_TOKEN_WISE = re.compile(r"\.(attn\d?\.(to_q|to_k|to_v|to_out\.0)|(ffn|ff)\.net\.(0\.proj|2))$")
+
+
 def _wanted(module: torch.nn.Module, fqn: str, prefix: str) -> bool:
     return (type(module) is torch.nn.Linear and fqn.startswith(prefix) and ".lora_" not in fqn
+            and _TOKEN_WISE.search(fqn) is not None
             and module.in_features % 16 == 0 and module.out_features % 16 == 0)
 
 
