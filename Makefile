@@ -5,6 +5,8 @@ BIN    := $(VENV)/bin
 STAMP  := $(VENV)/.installed
 # Exact pin: the CPU wheel on these machines. An unpinned torch pulls a multi-GB CUDA build.
 TORCH  := torch==2.13.0
+# torchao for the CPU tests of model.fp8_linear (its float8 layers run on the CPU too); pinned with torch.
+TORCHAO := torchao==0.18.0
 
 .PHONY: demo test venv tools clean
 
@@ -12,7 +14,7 @@ venv: $(STAMP)
 
 $(STAMP): pyproject.toml Makefile
 	$(PYTHON) -m venv $(VENV)
-	$(BIN)/pip install --quiet --disable-pip-version-check $(TORCH) -e '.[trainer,operator,dev]'
+	$(BIN)/pip install --quiet --disable-pip-version-check $(TORCH) $(TORCHAO) -e '.[trainer,operator,dev]'
 	touch $(STAMP)
 
 demo: $(STAMP)

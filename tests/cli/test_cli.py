@@ -140,6 +140,7 @@ def test_environment_probe_json():
     assert facts["env"]["SOLAR_FOO"] == "bar" and facts["env"]["RANK"] == "0"
     assert facts["env"]["SOLAR_TOKEN"] == "<redacted>" and "sekrit" not in proc.stdout
     assert facts["packages"]["pydantic"]
+    assert "torchao" in facts["packages"]  # model.fp8_linear's library: its version, or null when absent
     assert isinstance(facts["devices"], list)
 
 

@@ -19,7 +19,7 @@ ENV_PREFIXES = ("SOLAR_", "PET_", "TORCHELASTIC_", "NCCL_", "TORCH_", "CUDA_", "
 ENV_NAMES = ("RANK", "LOCAL_RANK", "WORLD_SIZE", "LOCAL_WORLD_SIZE", "GROUP_RANK", "ROLE_RANK",
              "ROLE_WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT", "KUBECONFIG", "NVSHMEM_DISABLE_NVLS")
 PACKAGES = ("solar-wm-ops", "torch", "numpy", "safetensors", "diffusers", "av", "pydantic", "PyYAML",
-            "prometheus-client", "kopf", "kubernetes")
+            "prometheus-client", "kopf", "kubernetes", "torchao")
 _SECRET_WORDS = ("TOKEN", "PASSWORD", "SECRET", "API_KEY", "CREDENTIAL")
 
 

@@ -286,6 +286,7 @@ def _check_model(cfg: RunConfig, route: Route, spec: FamilySpec) -> None:
                           f"the {dims.prope_start} RoPE channels of {route.family}")
     if model.lora is not None and len(set(model.lora.targets)) != len(model.lora.targets):
         raise ConfigError("model.lora.targets: each target may appear once")
+    _check_fp8(cfg)
     if model.causal is not None:
         causal = model.causal
         if causal.chunk_latents != spec.chunk_latents:
@@ -298,6 +299,23 @@ def _check_model(cfg: RunConfig, route: Route, spec: FamilySpec) -> None:
                 f"model.causal.kv_cache_latents={causal.kv_cache_latents} must be a whole number of "
                 f"{causal.chunk_latents}-latent chunks"
             )
+
+
+def _check_fp8(cfg: RunConfig) -> None:
+    """``model.fp8_linear`` where it cannot apply (the torchao and GPU checks are the launch's,
+    ``solar.train.fp8.launch_problem``)."""
+    recipe = cfg.model.fp8_linear
+    if recipe == "off":
+        return
+    key = f"model.fp8_linear={recipe}"
+    if cfg.action == "infer":
+        raise ConfigError(f"{key}: solar infer computes in bf16 (FP8 is a training recipe); set model.fp8_linear=off")
+    if cfg.model.dtype == "float32":
+        raise ConfigError(f"{key} needs bf16 compute; set model.dtype=auto or bfloat16, or model.fp8_linear=off")
+    if cfg.model.training_mode == "lora":
+        raise ConfigError(f"{key} does not apply to LoRA routes (torchao's float8 swaps plain nn.Linear layers; a "
+                          "LoRA layer computes its frozen base product itself); set model.fp8_linear=off or "
+                          "model.training_mode=full")
 
 
 def _check_training(cfg: RunConfig, route: Route) -> None:

@@ -94,6 +94,13 @@ class ModelBlock(Block):
         None, description="Pin torch SDPA to one kernel (default: torch's choice).")
     dtype: Literal["auto", "bfloat16", "float32"] = Field(
         "auto", description="Compute dtype (auto: bfloat16 on CUDA, float32 on CPU).")
+    fp8_linear: Literal["off", "tensorwise", "rowwise"] = Field(
+        "off", description="FP8 training of the transformer blocks' attention and FFN linear layers through "
+                           "torchao's float8 recipe of this name (opt-in; needs the fp8 extra, CUDA with compute "
+                           "capability >= 8.9 and bf16 compute, not LoRA). Applies to every DiT a training run "
+                           "builds: the trained model and its forwards without grad (Stage1), Stage2's roles and "
+                           "frozen teacher. Embeddings, modulation and the output projection stay bf16, as do "
+                           "validation generation and solar infer. Master weights stay fp32.")
 
     @field_validator("family", mode="before")
     @classmethod
@@ -101,6 +108,11 @@ class ModelBlock(Block):
         if isinstance(value, str):
             return ALIASES.get(value.strip().lower(), value)
         return value
+
+    @field_validator("fp8_linear", mode="before")
+    @classmethod
+    def _yaml_off(cls, value: Any) -> Any:
+        return "off" if value is False else value  # YAML reads a bare off as false
 
 
 # --- data --------------------------------------------------------------------------------------

@@ -439,9 +439,12 @@ class Loop:
                 return (p.ema.swapped(), "ema") if p.ema.exists else None
             return contextlib.nullcontext(), "live"
 
+        from solar.train.fp8 import high_precision
+
         p.model.eval()
         try:
-            summary = self.generation.run(root, cfg.validation.passes, weights_for, step)
+            with high_precision(p.model):  # generation keeps bf16 under model.fp8_linear, as solar infer does
+                summary = self.generation.run(root, cfg.validation.passes, weights_for, step)
         finally:
             p.model.train()
         summary["seconds"] = time.perf_counter() - started

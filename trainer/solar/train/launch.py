@@ -40,7 +40,7 @@ def train(config: str, sets: Sequence[str]) -> int:
     if cfg.runtime.deterministic:
         torch.use_deterministic_algorithms(True)
     session = Session(resolved, d, out, verb="training")
-    session.check(lambda: _check(resolved, out, resuming))  # nothing is written on a refusal
+    session.check(lambda: _check(resolved, out, resuming, d.device))  # nothing is written on a refusal
     status, loop = "failed", None
     try:
         session.open()
@@ -66,6 +66,11 @@ def train(config: str, sets: Sequence[str]) -> int:
             parts = build_parts(resolved, d.rank, d.device, world=d.world, local_world=d.local_world, sp=sp)
             objective, term = objective_for(resolved, d, silence)
             loop = Loop(resolved, d, parts, out, *common, objective=objective, term=term)
+        if cfg.model.fp8_linear != "off":
+            session.events.write("fp8", rank=d.rank, recipe=cfg.model.fp8_linear, linears=parts.fp8_linears)
+            if d.rank == 0:
+                print(f"solar: FP8 linear layers on ({cfg.model.fp8_linear}, torchao): {parts.fp8_linears} converted",
+                      file=sys.stderr)
         status = loop.run()
     except BaseException as exc:  # noqa: BLE001 - every failure ends in run-result.json
         session.failed(exc)
@@ -81,9 +86,15 @@ def train(config: str, sets: Sequence[str]) -> int:
     return 0
 
 
-def _check(resolved, out: Path, resuming: bool) -> None:
-    """Rank 0, before anything is written: the run directory, every weight source, the test set."""
+def _check(resolved, out: Path, resuming: bool, device) -> None:
+    """Rank 0, before anything is written: FP8's needs, the run directory, every weight source, the
+    test set."""
     cfg = resolved.config
+    from solar.train.fp8 import launch_problem
+
+    problem = launch_problem(cfg.model.fp8_linear, device)
+    if problem:
+        raise SolarError(problem)
     run_dir.prepare(out, resolved, resuming=resuming)
     from solar.train.sources import preflight_sources
 

@@ -42,6 +42,7 @@ class Parts:
     init: dict
     adapter_only: bool
     sharded: bool = False
+    fp8_linears: int = 0                   # linear layers computing in FP8 (model.fp8_linear), 0 when off
 
 
 def _is_lora(model) -> bool:
@@ -84,9 +85,11 @@ def build_parts(resolved: Resolved, rank: int, device: torch.device, *, world: i
     # and reads only its rows of every source tensor (solar.launch.materialize).
     model = model_from_config(cfg, device="meta")
     tensors, where = initial_weights(cfg, model, source_manifest)
+    from solar.train import fp8, parallelize
+
+    fp8_linears = fp8.convert(model, cfg.model.fp8_linear)  # before SP, checkpointing, compile and FSDP2
     if sp is not None and sp.size > 1:
         model.set_sequence_parallel(sp)
-    from solar.train import parallelize
 
     if cfg.distributed.activation_checkpointing:
         parallelize.apply_activation_checkpointing(model, policy=cfg.distributed.activation_checkpointing_policy,
@@ -134,7 +137,7 @@ def build_parts(resolved: Resolved, rank: int, device: torch.device, *, world: i
                               f"{cfg.train.max_steps}")
     stream = train_stream(cfg, rank, data_state)
     adapter_only = _is_lora(model) and bool(cfg.model.pretrained_path)
-    return Parts(model, names, params, optimizer, ema, stream, start_step, init, adapter_only, sharded)
+    return Parts(model, names, params, optimizer, ema, stream, start_step, init, adapter_only, sharded, fp8_linears)
 
 
 def contract_of(resolved: Resolved) -> dict:

@@ -133,10 +133,13 @@ def _group_tensors(group: tuple[str, ...], tensors: dict[str, dict[str, Lazy]]) 
     return out
 
 
-def _models_record(groups: list[tuple[str, ...]], models: dict[str, torch.nn.Module]) -> list[dict]:
-    """What each model holds on this rank (its local shards): the roles it serves and its bytes."""
+def _models_record(groups: list[tuple[str, ...]], models: dict[str, torch.nn.Module],
+                   fp8_linears: dict[tuple[str, ...], int]) -> list[dict]:
+    """What each model holds on this rank (its local shards): the roles it serves, its bytes and its
+    FP8 linear layers (model.fp8_linear)."""
     return [{"roles": list(group),
-             "parameter_bytes": sum(local_part(p).numel() * p.element_size() for p in models[group[0]].parameters())}
+             "parameter_bytes": sum(local_part(p).numel() * p.element_size() for p in models[group[0]].parameters()),
+             "fp8_linears": fp8_linears.get(group, 0)}
             for group in groups]
 
 
@@ -209,7 +212,7 @@ def build_stage2(resolved, rank: int, device: torch.device, *, world: int = 1, l
     # the run computes in bf16 (half its memory; autocast casts weights to bf16 for every matmul
     # anyway), fp32 otherwise. Then each is materialised on the device and filled from its sources.
     from solar.launch.precision import computes_in_bf16
-    from solar.train import parallelize
+    from solar.train import fp8, parallelize
 
     mesh = None
     if sharded:  # one mesh for every model: each is sharded over it, frozen weights without optimizer state
@@ -218,6 +221,7 @@ def build_stage2(resolved, rank: int, device: torch.device, *, world: int = 1, l
         mesh = parallelize.device_mesh(world=world, local_world=local_world or world,
                                        strategy=cfg.distributed.sharding, device=device)
     models: dict[str, torch.nn.Module] = {}
+    fp8_linears: dict[tuple[str, ...], int] = {}
     for group in groups:
         model = model_from_config(cfg, device="meta", roles=group if len(group) > 1 else None)
         if group == ("teacher",):
@@ -234,6 +238,7 @@ def build_stage2(resolved, rank: int, device: torch.device, *, world: int = 1, l
                         if not param.requires_grad:
                             module.register_parameter(name, torch.nn.Parameter(param.to(torch.bfloat16),
                                                                                requires_grad=False))
+        fp8_linears[group] = fp8.convert(model, cfg.model.fp8_linear)  # before SP, checkpointing, compile, FSDP2
         if sp is not None and sp.size > 1:
             model.set_sequence_parallel(sp)
         if group != ("teacher",) and cfg.distributed.activation_checkpointing:
@@ -279,9 +284,10 @@ def build_stage2(resolved, rank: int, device: torch.device, *, world: int = 1, l
                               f"{cfg.train.max_steps}")
     stream = train_stream(cfg, rank, data_state)
     parts = Parts(student.model, student.names, student.params, student.optimizer, ema, stream, start_step, init,
-                  adapter_only=bool(cfg.model.pretrained_path) and cfg.model.training_mode == "lora", sharded=sharded)
+                  adapter_only=bool(cfg.model.pretrained_path) and cfg.model.training_mode == "lora", sharded=sharded,
+                  fp8_linears=sum(fp8_linears.values()))
     state = Stage2(resolved, teacher, critic, student_step, sources.get("teacher"), student.adapter)
-    state.models = _models_record(groups, models)
+    state.models = _models_record(groups, models, fp8_linears)
     return parts, state
 
 
