@@ -34,7 +34,7 @@ WORK = Path(os.environ.get("BENCH_WORK", "/tmp/solar-stages"))
 S1 = ["checkpoint.path=null", "checkpoint.weights=null"]
 S2 = ["checkpoint.roles=null", "train.ema.start_step=1"]
 COMPILE = ["runtime.compile=true"]
-# The released Stage0.5 81f and Stage1 AnyFlow configs compile since issue 18's fast defaults; the
+# The released Stage0.5 81f, Stage1 AnyFlow and Stage2 configs compile (fast defaults); the
 # eager cases keep the figures recorded before that comparable.
 EAGER = ["runtime.compile=false"]
 VALIDATE = ["runtime.validation_steps=[1]", "validation.sample_count=1"]
@@ -59,10 +59,10 @@ CASES = {
                                   S1 + EAGER + ["distributed.activation_checkpointing_policy=save_attention"], 8),
     "s1_tffm": (f"{WAN}/train_stage1_tf_fm_81f.yaml", S1, 6),
     # student updates at outer steps 6, 11, 16 (the first allocates AdamW's state: left out)
-    "s2_l5": (f"{WAN}/train_stage2_sgf_81f.yaml", S2 + ["model.dims.num_layers=5"], 17),
-    "s2_l10": (f"{WAN}/train_stage2_sgf_81f.yaml", S2 + ["model.dims.num_layers=10"], 17),
+    "s2_l5": (f"{WAN}/train_stage2_sgf_81f.yaml", S2 + EAGER + ["model.dims.num_layers=5"], 17),
+    "s2_l10": (f"{WAN}/train_stage2_sgf_81f.yaml", S2 + EAGER + ["model.dims.num_layers=10"], 17),
     # step 10: a critic update alone; step 11: a student update (its second) and a critic update
-    "s2_l5_profile": (f"{WAN}/train_stage2_sgf_81f.yaml", S2 + ["model.dims.num_layers=5",
+    "s2_l5_profile": (f"{WAN}/train_stage2_sgf_81f.yaml", S2 + EAGER + ["model.dims.num_layers=5",
                                                                  "runtime.profile_steps=[10,11]"], 11),
     "s2_l5_compile": (f"{WAN}/train_stage2_sgf_81f.yaml", S2 + COMPILE + ["model.dims.num_layers=5"], 17),
     "s2_l10_compile": (f"{WAN}/train_stage2_sgf_81f.yaml", S2 + COMPILE + ["model.dims.num_layers=10"], 17),

@@ -1,7 +1,7 @@
 """On a CUDA device: chunk-by-chunk generation through compiled blocks (inductor) under bf16
-autocast at the 5B block dims and the released 480x864 chunk (3 latents of 405 tokens): one graph
-for every chunk forward and commit, and the eager path's outputs to bf16 tolerance. Skipped
-without CUDA."""
+autocast at the 5B block dims and the released 480x864 chunk (3 latents of 405 tokens): two graphs
+(the first chunk's, then the key length as a dynamic dimension) over seven chunks, and the eager
+path's outputs to bf16 tolerance. Skipped without CUDA."""
 
 from __future__ import annotations
 
@@ -48,8 +48,9 @@ def test_compiled_chunk_generation_one_graph_and_eager_outputs():
     cams = torch.eye(4, device="cuda").repeat(1, 21, 1, 1)
     cams[..., :3, 3] = torch.linspace(0, 1, 21, device="cuda")[None, :, None]
     a = _rollout(eager, prompt, cams, 7)
-    with torch._dynamo.config.patch(error_on_recompile=True):
-        b = _rollout(compiled, prompt, cams, 7)
+    torch._dynamo.utils.counters.clear()
+    b = _rollout(compiled, prompt, cams, 7)
+    assert torch._dynamo.utils.counters["stats"]["unique_graphs"] <= 2
     assert torch.isfinite(b).all()
     rel = ((a - b).norm() / a.norm()).item()
     assert rel < 2e-2, rel

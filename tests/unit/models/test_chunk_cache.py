@@ -31,21 +31,29 @@ def _rollout(model, chunks: int, seed: int = 0) -> torch.Tensor:
 
 
 @pytest.mark.filterwarnings("ignore::UserWarning")
-def test_compiled_blocks_generate_without_recompiling_and_equal_eager():
-    """Seven chunks with a window of two: the ring fills, wraps and evicts; one compiled graph
-    serves every chunk forward and commit (``error_on_recompile``), with eager's outputs."""
+def test_compiled_blocks_generate_with_two_graphs_and_equal_eager():
+    """Seven chunks with a window of two: the ring fills, wraps and evicts. Every chunk forward and
+    commit of every block goes through two compiled graphs (the first chunk's keys, then the key
+    length as a dynamic dimension), none added by a second rollout, with eager's outputs."""
     import torch._dynamo
 
     torch._dynamo.reset()
     model = randomize(ours(dims(TI2V, heads=2, head_dim=16), camera_transform="logd4", chunk_latents=3,
                            max_prior_clean_chunks=2, attention_backend="sdpa"))
     compiled = copy.deepcopy(model)
+    graphs = []
+
+    def backend(gm, example_inputs):   # dynamo's guards decide the graphs; this backend runs them as traced
+        graphs.append(gm)
+        return gm.forward
+
     for block in compiled.blocks:
-        block.compile(backend="eager")   # dynamo's guards decide recompiles; the backend does not
-    eager = _rollout(model, 7)
-    with torch._dynamo.config.patch(error_on_recompile=True):
-        traced = _rollout(compiled, 7)
+        block.compile(backend=backend)
+    eager, traced = _rollout(model, 7), _rollout(compiled, 7)
     assert (eager - traced).abs().max().item() <= 1e-5
+    assert len(graphs) == 2
+    _rollout(compiled, 7, seed=1)
+    assert len(graphs) == 2
 
 
 @pytest.mark.filterwarnings("ignore::UserWarning")

@@ -164,8 +164,8 @@ def test_teacher_forcing_equals_chunked_kv_generation():
             pieces.append(model.forward_chunk(noisy[:, :, s], t[:, s], cache, cameras=cams[:, s],
                                               r_timestep=r[:, s]))
             model.commit_chunk(clean[:, :, s], cache, cameras=cams[:, s])
-            assert cache.layers[0].k.shape[2] == 3 * 3 * 4  # a ring of 2 prior chunks and the current
-            assert int(cache.valid.sum()) == (min(i // 3, 2) + 1) * 3 * 4  # this chunk and its window
+            assert cache.layers[0].k.shape[2] == 4 * 3 * 4  # a ring of 2 prior chunks and the current, a spare
+            assert cache.keys == (min(i // 3, 2) + 1) * 3 * 4  # this chunk and its window
         assert (full - torch.cat(pieces, dim=2)).abs().max().item() <= 1e-5, backend
 
 

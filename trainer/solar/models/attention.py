@@ -106,22 +106,6 @@ def _reference(q, k, v, mask: TokenMask | None):
     return torch.matmul(torch.softmax(scores, dim=-1), v.float()).to(q.dtype)
 
 
-def is_reference(attend: Callable) -> bool:
-    """Whether ``build_attention`` gave the float32 reference (tests compare against it)."""
-    return attend is _reference
-
-
-def attend_valid_keys(q, k, v, valid: torch.Tensor, *, reference: bool = False):
-    """Attention to the keys ``valid`` [1, 1, 1, S] marks (a fixed-size key buffer partly filled):
-    torch SDPA with a boolean mask (a kernel that takes masks), or the float32 reference."""
-    if reference:
-        scale = 1.0 / math.sqrt(q.shape[-1])
-        scores = torch.matmul(q.float(), k.float().transpose(-1, -2)) * scale
-        scores = scores.masked_fill(~valid, float("-inf"))
-        return torch.matmul(torch.softmax(scores, dim=-1), v.float()).to(q.dtype)
-    return F.scaled_dot_product_attention(q, k, v, attn_mask=valid)
-
-
 def _kernel_context(kernel: str | None):
     if kernel is None:
         return contextlib.nullcontext()

@@ -28,14 +28,7 @@ import torch.nn as nn
 import torch.nn.functional as F
 
 from solar.config.families import Dims
-from solar.models.attention import (
-    TokenMask,
-    attend_valid_keys,
-    build_attention,
-    clean_mask,
-    is_reference,
-    teacher_forcing_mask,
-)
+from solar.models.attention import TokenMask, build_attention, clean_mask, teacher_forcing_mask
 from solar.models.prope import CameraMatrices, apply_blocks, camera_matrices
 from solar.models.rope import apply_rope, rope_tables
 from solar.models.sequence_parallel import SPGroup, frame_splits, gather_frames, ulysses
@@ -161,27 +154,31 @@ class KVCache:
 
 @dataclass
 class ChunkCache:
-    """Chunk-by-chunk generation's keys/values in fixed buffers, so every chunk forward has the
-    same shapes (a compiled block compiles once, not once per cache length and mode).
+    """Chunk-by-chunk generation's keys/values in fixed buffers: each layer's ``k``/``v``
+    [B, H, (W + 1) * m, D] (W = ``window_chunks``, m tokens per chunk) is a ring of W + 1 slots, chunk
+    c in slot c mod (W + 1). A chunk forward writes its own keys and values into its slot and attends
+    to the first ``keys`` positions: while the ring fills, the slots of chunks 0..c (a prefix); once
+    it is full, all of it (the W committed chunks of the window and itself: the slot it overwrote
+    held the chunk that just left the window). Attention does not depend on the order of its keys,
+    so this equals attending to ``[window chunks | current]`` in order. Committing is bookkeeping only.
 
-    Each layer's ``k``/``v`` [B, H, (W + 1) * m, D] (W = ``window_chunks``, m tokens per chunk) is a
-    ring of W + 1 slots: chunk c lives in slot c mod (W + 1). A chunk forward writes its own keys and
-    values into its slot and attends to the slots ``valid`` marks (the committed chunks within the
-    window and itself); the slot it overwrites held the chunk that just left the window. Committing
-    is bookkeeping only: the committed chunk's slot stays valid. Attention does not depend on the
-    order of its keys, so this equals attending to ``[window chunks | current]`` in order."""
+    So the buffers never grow or move and the query side has one shape; the key length takes W + 1
+    values, which a compiled block handles as one dynamic dimension (two graphs: the first chunk's,
+    then the dynamic one) instead of a recompile per cache length and mode (the growing cache hit
+    dynamo's recompile limit). The buffers hold one spare slot beyond the ring so that the keys are
+    always a strict prefix (a view of one layout; the whole buffer would be a third graph)."""
 
-    layers: list[LayerCache]
+    layers: list[LayerCache]           # k/v: [B, H, (W + 2) * m, D], the last slot spare
     context: torch.Tensor              # embedded prompt [B, L, D]
     window_chunks: int
     chunk_frames: int = 0              # set by the first chunk; every chunk has this many frames
     tokens_per_frame: int = 0
     committed_frames: int = 0
+    keys: int = 0                      # key positions the current chunk attends to (a prefix of the ring)
     slot: torch.Tensor | None = None   # [m] token indices of the current chunk's slot
-    valid: torch.Tensor | None = None  # [1, 1, 1, (W + 1) * m] bool: keys a chunk may attend to
 
     def prepare(self, frames: int, tokens_per_frame: int, device: torch.device) -> None:
-        """Check the chunk's shape and point ``slot``/``valid`` at the next chunk."""
+        """Check the chunk's shape and point ``slot``/``keys`` at the next chunk."""
         if self.chunk_frames == 0:
             self.chunk_frames, self.tokens_per_frame = frames, tokens_per_frame
         elif (frames, tokens_per_frame) != (self.chunk_frames, self.tokens_per_frame):
@@ -190,15 +187,11 @@ class ChunkCache:
                              f"of {tokens_per_frame}")
         m, slots = frames * tokens_per_frame, self.window_chunks + 1
         chunk = self.committed_frames // frames
-        committed = torch.zeros(slots, dtype=torch.bool)
-        for prior in range(max(0, chunk - self.window_chunks), chunk + 1):
-            committed[prior % slots] = True
-        valid = committed.repeat_interleave(m).view(1, 1, 1, slots * m).to(device)
+        self.keys = (min(chunk, self.window_chunks) + 1) * m
         slot = torch.arange(m) + (chunk % slots) * m
-        if self.valid is None:
-            self.valid, self.slot = valid, slot.to(device)
-        else:  # in place: a compiled block sees the same tensors every chunk
-            self.valid.copy_(valid)
+        if self.slot is None:
+            self.slot = slot.to(device)
+        else:  # in place: a compiled block sees the same tensor every chunk
             self.slot.copy_(slot)
 
 
@@ -228,7 +221,7 @@ class _Step:
     attend: object
     cache: KVCache | None = None
     commit: bool = False
-    ring: ChunkCache | None = None     # chunk generation: write the slot, attend to the valid keys
+    ring: ChunkCache | None = None     # chunk generation: write the slot, attend to the ring's prefix
 
 
 class Block(nn.Module):
@@ -272,7 +265,8 @@ class Block(nn.Module):
         if step.ring is not None:
             layer.k.index_copy_(2, step.ring.slot, k)
             layer.v.index_copy_(2, step.ring.slot, v)
-            out = attend_valid_keys(q, layer.k, layer.v, step.ring.valid, reference=is_reference(step.attend))
+            keys = step.ring.keys
+            out = step.attend(q, layer.k[:, :, :keys], layer.v[:, :, :keys], None)
         elif layer is not None:
             keys = k if layer.k is None else torch.cat([layer.k, k], dim=2)
             values = v if layer.v is None else torch.cat([layer.v, v], dim=2)
@@ -539,7 +533,7 @@ class WanDiT(nn.Module):
         device = tokens.device
         dtype = (torch.get_autocast_dtype(device.type) if torch.is_autocast_enabled(device.type)
                  else self.proj_out.weight.dtype)
-        shape = (tokens.shape[0], d.num_heads, (cache.window_chunks + 1) * cache.chunk_frames * cache.tokens_per_frame,
+        shape = (tokens.shape[0], d.num_heads, (cache.window_chunks + 2) * cache.chunk_frames * cache.tokens_per_frame,
                  d.head_dim)
         for block, layer in zip(self.blocks, cache.layers):
             layer.k = torch.zeros(shape, dtype=dtype, device=device)
