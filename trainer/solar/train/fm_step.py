@@ -82,8 +82,8 @@ def fm_loss(model, cfg: RunConfig, batch: Batch, *, step: int, dp_rank: int, mic
             for i, dropped in enumerate(drops):
                 if not dropped:
                     x[i, :, 0] = x0[i, :, 0]
-                    t_frames[i, 0] = 0.0
-                    mask[i, 0] = 0.0
+                    t_frames[i, 0].fill_(0.0)  # not ``= 0.0``: one element from a Python number syncs on a GPU
+                    mask[i, 0].fill_(0.0)
             if family == "ltx25_video":
                 pred = model(x, t_frames, batch.prompt, prompt_mask=batch.prompt_mask, cameras=batch.cameras,
                              fps=cfg.data.fps or 24.0)
