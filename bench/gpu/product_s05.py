@@ -145,8 +145,13 @@ def bench(names: list[str]) -> list[dict]:
     variants = [BENCH_VARIANTS[n] for n in names]
     byvariant = {v: n for n, v in zip(names, variants)}
     started = time.time()
-    proc = subprocess.run([sys.executable, str(REPO / "bench" / "gpu" / "train_step.py"), *variants], cwd=REPO,
-                          capture_output=True, text=True, env=os.environ)
+    try:
+        proc = subprocess.run([sys.executable, str(REPO / "bench" / "gpu" / "train_step.py"), *variants], cwd=REPO,
+                              capture_output=True, text=True, env=os.environ, timeout=LIMIT * len(variants))
+    except subprocess.TimeoutExpired as exc:  # the rows it printed before the limit still count
+        proc = subprocess.CompletedProcess(exc.cmd, -9, exc.stdout or "", exc.stderr or "")
+        proc.stdout = proc.stdout.decode() if isinstance(proc.stdout, bytes) else proc.stdout
+        proc.stderr = proc.stderr.decode() if isinstance(proc.stderr, bytes) else proc.stderr
     rows = []
     for line in proc.stdout.splitlines():
         try:
