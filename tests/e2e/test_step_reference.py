@@ -1,8 +1,10 @@
-"""Issue 18: the Stage0.5 step's host-side changes (per-sample losses read once per step, pinned and
-non-blocking copies, heartbeats without fsync) leave the training unchanged. ``solar train`` on the
-tiny Wan TI2V-5B Stage0.5 route (2 clips per micro-batch, 2 micro-batches) against the step written
-out plainly here, the way the trainer did it before: every copy blocking, each sample's loss read
-right after its forward. Losses, gradient norms and every sample record must be bit-identical."""
+"""Issue 18: the Stage0.5 step's host-side changes (the next clip read ahead on a thread, per-sample
+losses read once per step, heartbeats without fsync, ``fill_`` for one-element writes) leave the
+training unchanged. ``solar train`` on the tiny Wan TI2V-5B Stage0.5 route (2 clips per micro-batch,
+2 micro-batches) against the step written out plainly here, the way the trainer did it before: the
+stream read in place, each sample's loss read right after its forward. Losses, gradient norms and
+every sample record must be bit-identical. (On the CPU the copies are plain; the pinned,
+non-blocking ones are tests/gpu/test_step_io.py's.)"""
 
 from __future__ import annotations
 
@@ -35,6 +37,7 @@ def _reference(config, sets) -> list[dict]:
     cfg, device = resolved.config, torch.device("cpu")
     d = Dist(0, 1, 0, 1, 1, device, None)
     p = build_parts(resolved, 0, device)
+    stream = p.stream.stream  # the plain RankStream under the trainer's read-ahead (nothing read yet)
     accum, out = cfg.train.gradient_accumulation, []
     for step in range(1, STEPS + 1):
         lr = lr_at(step, cfg.train.optimizer, cfg.train.max_steps)
@@ -43,7 +46,7 @@ def _reference(config, sets) -> list[dict]:
         p.optimizer.zero_grad(set_to_none=True)
         total, records = torch.zeros((), device=device), []
         for micro in range(accum):
-            batch = collate([p.stream.next_clip() for _ in range(cfg.train.micro_batch_size)]).to(device)
+            batch = collate([stream.next_clip() for _ in range(cfg.train.micro_batch_size)]).to(device)
             with precision.autocast(cfg, device, sharded=False):
                 loss, recs = fm_loss(p.model, cfg, batch, step=step, dp_rank=0, micro=micro)
             records += [{**r, "loss": float(r["loss"])} for r in recs]  # each sample read after its forward
