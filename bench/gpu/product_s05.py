@@ -136,6 +136,9 @@ def product(name: str) -> dict:
                losses=[round(e["loss"], 5) for e in steps], grad_norms=[round(e["grad_norm"], 5) for e in steps])
     if name == "product_profile":
         row["profiles"] = [json.loads(p.read_text()) for p in sorted((out / "profile").glob("*.json"))]
+        # kernel time over the profiled step's wall time: what is left is the GPU waiting on the host
+        row["gpu_busy_fraction"] = [round(q["gpu_ms"] / 1e3 / q["step_seconds"], 4) for q in row["profiles"]
+                                    if q.get("step_seconds")]
         row["profile_tables"] = [str(p) for p in sorted((out / "profile").glob("*.txt"))]
     return row
 
