@@ -79,9 +79,16 @@ def data_root() -> Path:
 
 
 def _events(path: Path) -> list[dict]:
+    """The run's events so far (a line being written is left for the next look)."""
     if not path.exists():
         return []
-    return [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
+    out = []
+    for line in path.read_text().splitlines():
+        try:
+            out.append(json.loads(line))
+        except ValueError:
+            continue
+    return out
 
 
 def product(name: str) -> dict:
