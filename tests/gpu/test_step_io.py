@@ -40,7 +40,16 @@ def _batch(channels: int, text_dim: int, device) -> Batch:
     return b.to(device)
 
 
-def test_stage0p5_objective_does_not_wait_for_the_device_and_matches_the_cpu():
+@pytest.fixture
+def no_tf32():
+    """fp32 convolutions and matmuls on the GPU as on the CPU (cuDNN convolutions use TF32 by default)."""
+    saved = torch.backends.cudnn.allow_tf32, torch.backends.cuda.matmul.allow_tf32
+    torch.backends.cudnn.allow_tf32 = torch.backends.cuda.matmul.allow_tf32 = False
+    yield
+    torch.backends.cudnn.allow_tf32, torch.backends.cuda.matmul.allow_tf32 = saved
+
+
+def test_stage0p5_objective_does_not_wait_for_the_device_and_matches_the_cpu(no_tf32):
     cfg = resolve_file(CONFIG, ["data.root=/data", "runtime.output_dir=/out"]).config
     torch.manual_seed(0)
     model = model_from_config(cfg, device="cpu")
