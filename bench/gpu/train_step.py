@@ -8,7 +8,10 @@ optimizer, clipping and EMA, one after the other in the same process.
     PYTHONPATH=trainer:. python3 bench/gpu/train_step.py [VARIANT ...]   # default: ours ours_compiled diffusers
 
 Variants with ``save_attention`` / ``skipN`` use ``distributed.activation_checkpointing_policy`` and
-``distributed.activation_checkpointing_skip_blocks``.
+``distributed.activation_checkpointing_skip_blocks``; a ``_prope`` suffix turns camera PRoPE on (the
+released configs' ``camera_translation_transform: linear``, as the product runs), a ``_foreach``
+suffix uses AdamW's default (foreach) kernels instead of the fused one (issue 18's product-vs-bench
+terms; ``bench/gpu/product_s05.py``), e.g. ``ours_compiled_save_attention_skip18_prope_foreach``.
 
 MFU counts model FLOPs (performance.md: ≈ 0.92 PFLOP per clip), not the recomputation.
 """
@@ -29,9 +32,10 @@ FRAMES, LAT_H, LAT_W, TEXT = 21, 44, 80, 512
 TOKENS = FRAMES * (LAT_H // 2) * (LAT_W // 2)
 
 
-def _step_fn(model, forward):
+def _step_fn(model, forward, fused: bool = True):
     params = {n: p for n, p in model.named_parameters() if p.requires_grad}
-    opt = torch.optim.AdamW(list(params.values()), lr=1e-5, betas=(0.9, 0.95), weight_decay=0.01, fused=True)
+    opt = torch.optim.AdamW(list(params.values()), lr=1e-5, betas=(0.9, 0.95), weight_decay=0.01,
+                            fused=True if fused else None)
     ema = EMA(params, decay=0.999, start_step=0, warmup_steps=0, enabled=True)
     x = torch.randn(1, 48, FRAMES, LAT_H, LAT_W, device="cuda")
     target = torch.randn_like(x)
@@ -51,18 +55,27 @@ def _step_fn(model, forward):
     return step
 
 
-def ours(compiled: bool = False, policy: str = "full", skip: int = 0) -> dict:
+def cameras() -> torch.Tensor:
+    """[1, FRAMES, 4, 4] rebased view matrices: identity rotation, the camera moving along x."""
+    view = torch.eye(4, device="cuda").repeat(1, FRAMES, 1, 1)
+    view[0, :, 0, 3] = torch.linspace(0.0, 2.0, FRAMES, device="cuda")
+    return view
+
+
+def ours(compiled: bool = False, policy: str = "full", skip: int = 0, prope: bool = False,
+         fused: bool = True) -> dict:
     from solar.models.wan.model import WanConfig, WanDiT
     from solar.train.parallelize import apply_activation_checkpointing, apply_compile
 
     with torch.device("cuda"):
-        model = WanDiT(WanConfig(DIMS, camera_transform=None, attention_backend="sdpa"))
+        model = WanDiT(WanConfig(DIMS, camera_transform="linear" if prope else None, attention_backend="sdpa"))
     apply_activation_checkpointing(model, policy=policy, skip_blocks=skip)  # distributed.activation_checkpointing_*
     if compiled:  # runtime.compile=true
         apply_compile(model)
     t = torch.full((1, FRAMES), 500.0, device="cuda")
     t[:, 0] = 0.0  # TI2V: the first latent is the clean image condition
-    step = _step_fn(model, lambda x, p: model(x, t, p))
+    cams = cameras() if prope else None
+    step = _step_fn(model, lambda x, p: model(x, t, p, cameras=cams), fused=fused)
     return _measure(model, step)
 
 
@@ -106,9 +119,11 @@ def main() -> None:
     def variant(name):  # ours_compiled_save_attention_skipN: the last N blocks not checkpointed
         if name in VARIANTS:
             return VARIANTS[name]
-        base, _, skip = name.rpartition("_skip")
+        base, foreach = name.removesuffix("_foreach"), name.endswith("_foreach")
+        base, prope = base.removesuffix("_prope"), base.endswith("_prope")
+        base, _, skip = base.rpartition("_skip") if "_skip" in base else (base, "", "0")
         policy = "save_attention" if base.endswith("save_attention") else "full"
-        return lambda: ours(base.startswith("ours_compiled"), policy, int(skip))
+        return lambda: ours(base.startswith("ours_compiled"), policy, int(skip), prope, not foreach)
 
     for name, fn in ((n, variant(n)) for n in names):
         try:

@@ -34,6 +34,26 @@ def test_replace(tmp_path):
     assert target.read_bytes() == b"2" and os.listdir(tmp_path) == ["status.json"]
 
 
+def test_replace_fsyncs_unless_told_not_to_and_heartbeats_do_not(tmp_path, monkeypatch):
+    import json
+
+    from solar.storage.run_dir import Heartbeat
+
+    synced = []
+    real = os.fsync
+    monkeypatch.setattr(os, "fsync", lambda fd: synced.append(fd) or real(fd))
+    target = tmp_path / "status.json"
+    write_replace(target, b"1")
+    assert len(synced) == 2  # the file, then its directory
+    write_replace(target, b"2", durable=False)
+    assert len(synced) == 2 and target.read_bytes() == b"2" and os.listdir(tmp_path) == ["status.json"]
+    beat = Heartbeat(tmp_path, 3)
+    beat.update(phase="forward", step=7)  # several times per training step: no fsync (issue 18)
+    assert len(synced) == 2
+    assert json.loads((tmp_path / "heartbeat" / "rank-00003.json").read_text())["phase"] == "forward"
+    assert os.listdir(tmp_path / "heartbeat") == ["rank-00003.json"]
+
+
 def test_canonical_json_and_digest():
     a = {"b": [1, 2.5, "é"], "a": {"z": None, "y": True}}
     assert canonical_bytes(a) == '{"a":{"y":true,"z":null},"b":[1,2.5,"é"]}'.encode()

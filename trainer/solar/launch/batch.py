@@ -28,7 +28,7 @@ class Batch:
     identities: list[dict]
 
     def to(self, device) -> "Batch":
-        move = (lambda t: None if t is None else t.to(device))
+        move = (lambda t: None if t is None else to_device(t, device))
         return Batch(move(self.latents), move(self.prompt), move(self.prompt_mask), move(self.cameras),
                      move(self.image_condition), self.identities)
 
@@ -40,6 +40,19 @@ class Batch:
         for t in (self.latents, self.prompt, self.cameras):
             h.update(t.detach().cpu().contiguous().view(torch.uint8).numpy().tobytes())
         return h.hexdigest()
+
+
+def to_device(t: torch.Tensor, device) -> torch.Tensor:
+    """``t`` on ``device``; a host tensor bound for a GPU goes through pinned memory without waiting:
+    a copy from pageable memory waits for the work queued before it (the previous step's optimizer
+    and EMA) and holds the host meanwhile (issue 18). The values are the same. The pinned block
+    returns to torch's caching host allocator, which reuses it only after the copy has run."""
+    device = torch.device(device)
+    if device.type != "cuda" or t.device.type != "cpu":
+        return t.to(device)
+    if not t.is_pinned():
+        t = t.pin_memory()
+    return t.to(device, non_blocking=True)
 
 
 def collate(clips: list[StreamClip]) -> Batch:

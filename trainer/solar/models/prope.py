@@ -24,10 +24,14 @@ WAN_FIXED_FY = 969.697 / 1080.0
 
 
 def _intrinsics(like: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    # fill_ on each element: assigning a Python number to one element of a GPU tensor is a blocking
+    # host-to-device copy (a stream sync per element, every forward; issue 18). Same values.
     K = torch.zeros(4, 4, dtype=like.dtype, device=like.device)
-    K[0, 0], K[1, 1], K[2, 2], K[3, 3] = WAN_FIXED_FX, WAN_FIXED_FY, 1.0, 1.0
     K_inv = torch.zeros_like(K)
-    K_inv[0, 0], K_inv[1, 1], K_inv[2, 2], K_inv[3, 3] = 1 / WAN_FIXED_FX, 1 / WAN_FIXED_FY, 1.0, 1.0
+    for i, (k, k_inv) in enumerate(((WAN_FIXED_FX, 1 / WAN_FIXED_FX), (WAN_FIXED_FY, 1 / WAN_FIXED_FY), (1.0, 1.0),
+                                    (1.0, 1.0))):
+        K[i, i].fill_(k)
+        K_inv[i, i].fill_(k_inv)
     return K, K_inv
 
 
@@ -36,7 +40,7 @@ def _invert_rigid(view: torch.Tensor) -> torch.Tensor:
     rot_t = view[..., :3, :3].transpose(-1, -2)
     out[..., :3, :3] = rot_t
     out[..., :3, 3] = -(rot_t @ view[..., :3, 3:4]).squeeze(-1)
-    out[..., 3, 3] = 1.0
+    out[..., 3, 3].fill_(1.0)  # not ``= 1.0``: see _intrinsics
     return out
 
 

@@ -2,7 +2,10 @@
 
 A reader never sees a half-written file: bytes go to a hidden temporary sibling, are fsynced, and
 only then appear under the final name (``link`` for create-only, ``rename`` for replace), after
-which the directory is fsynced so the name itself survives a crash.
+which the directory is fsynced so the name itself survives a crash. ``write_replace(...,
+durable=False)`` keeps the atomic rename but skips both fsyncs: for status files rewritten many
+times a second whose newest version is only meaningful while the machine is up (heartbeats), where
+a process crash still leaves the last whole version in the page cache.
 """
 
 from __future__ import annotations
@@ -27,14 +30,15 @@ def fsync_dir(path: str | os.PathLike[str]) -> None:
         os.close(fd)
 
 
-def _write_temp(target: Path, data: bytes) -> Path:
+def _write_temp(target: Path, data: bytes, durable: bool = True) -> Path:
     tmp = target.with_name(f".{target.name}.{secrets.token_hex(4)}.tmp")
     fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o644)
     try:
         with os.fdopen(fd, "wb") as handle:
             handle.write(data)
             handle.flush()
-            os.fsync(handle.fileno())
+            if durable:
+                os.fsync(handle.fileno())
     except BaseException:
         with contextlib.suppress(FileNotFoundError):
             tmp.unlink()
@@ -61,15 +65,17 @@ def write_create_only(path: str | os.PathLike[str], data: bytes, *, what: str = 
     return target
 
 
-def write_replace(path: str | os.PathLike[str], data: bytes) -> Path:
-    """Write ``data`` to ``path`` atomically, replacing a previous version (status-like files)."""
+def write_replace(path: str | os.PathLike[str], data: bytes, *, durable: bool = True) -> Path:
+    """Write ``data`` to ``path`` atomically, replacing a previous version (status-like files);
+    ``durable=False``: no fsync (the module's docstring says when)."""
     target = Path(path)
-    tmp = _write_temp(target, data)
+    tmp = _write_temp(target, data, durable)
     try:
         os.replace(tmp, target)
     except BaseException:
         with contextlib.suppress(FileNotFoundError):
             tmp.unlink()
         raise
-    fsync_dir(target.parent)
+    if durable:
+        fsync_dir(target.parent)
     return target

@@ -186,8 +186,11 @@ class Heartbeat:
                       "collective": None, "time": time.time()}
 
     def update(self, **changes) -> None:
+        """Rewrite the heartbeat (several times per training step): atomic, not fsynced, since the
+        step waits on it (two fsyncs per phase used to idle the GPU between phases, issue 18) and
+        a heartbeat only speaks for a machine that is up; a killed process leaves its last one."""
         self.state.update(changes, time=time.time())
-        write_replace(self.path, json.dumps(self.state, sort_keys=True).encode())
+        write_replace(self.path, json.dumps(self.state, sort_keys=True).encode(), durable=False)
 
     def collective(self, name: str, seq: int) -> None:
         self.update(collective={"name": name, "seq": seq})

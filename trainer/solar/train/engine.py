@@ -50,6 +50,19 @@ def memory_reading() -> dict:
     return out
 
 
+def read_records(records: list[dict]) -> list[dict]:
+    """The records with their tensor values (an objective's per-sample losses, kept on the device
+    so that reading them does not wait for the forward) as floats, read in one copy."""
+    found = [(i, k) for i, r in enumerate(records) for k, v in r.items() if isinstance(v, torch.Tensor)]
+    if not found:
+        return records
+    values = torch.stack([records[i][k].reshape(()).float() for i, k in found]).tolist()
+    out = [dict(r) for r in records]
+    for (i, k), v in zip(found, values):
+        out[i][k] = v
+    return out
+
+
 @dataclass
 class Stop:
     requested: bool = False
@@ -210,6 +223,7 @@ class Loop:
         p.optimizer.zero_grad(set_to_none=True)
         loss, records, failure = self.micro_batches(step)
         local = float(loss)
+        records = read_records(records)
         if failure is None and not math.isfinite(local):
             worst = next((r for r in records if not math.isfinite(r["loss"])), records[0])
             self.events.write("non_finite", durable=True, step=step, rank=d.rank, loss=local,

@@ -2,7 +2,8 @@
 
 Noise and timesteps come from a generator derived from (seed, step, dp rank, micro-batch), so SP
 peers draw the same values and a resumed run draws what the uninterrupted one would have; the
-image-condition drop is a hash (no RNG). Returns the mean weighted loss and per-sample records.
+image-condition drop is a hash (no RNG). Returns the mean weighted loss and per-sample records
+(each record's ``loss`` a 0-d tensor until ``engine.read_records`` reads them all at once).
 """
 
 from __future__ import annotations
@@ -10,8 +11,15 @@ from __future__ import annotations
 import torch
 
 from solar.config.schema import RunConfig
-from solar.launch.batch import Batch
+from solar.launch.batch import Batch, to_device
 from solar.objectives import fm
+
+
+def _noise(shape, gen: torch.Generator, device: torch.device) -> torch.Tensor:
+    """Standard normal noise drawn on the CPU generator (the same values on every device), written
+    straight into pinned memory when bound for a GPU and copied without waiting (issue 18)."""
+    cuda = torch.device(device).type == "cuda"
+    return to_device(torch.randn(shape, generator=gen, pin_memory=cuda), device)
 
 
 def _frames_time(value_B: torch.Tensor, frames: int) -> torch.Tensor:
@@ -32,18 +40,19 @@ def fm_loss(model, cfg: RunConfig, batch: Batch, *, step: int, dp_rank: int, mic
     records = []
     if family == "minimax_h3":
         t = fm.sample_h3_times(B, cfg.model.timestep_shift, gen)
-        eps = torch.randn(x0.shape, generator=gen).to(device)
-        anchor_eps = torch.randn(x0[:, :, :1].shape, generator=gen).to(device)
+        eps = _noise(x0.shape, gen, device)
+        anchor_eps = _noise(x0[:, :, :1].shape, gen, device)
         t_audio = fm.sample_h3_times(B, cfg.model.audio_timestep_shift, gen)
         k = settings.keyframe_anchor_t
         anchor = k * x0[:, :, :1] + (1 - k) * anchor_eps
-        x_t = fm.noisy_h3(x0, eps, t.to(device))
+        t_d, t_audio_d = to_device(t, device), to_device(t_audio, device)
+        x_t = fm.noisy_h3(x0, eps, t_d)
         audio = None
         if audio_silence is not None:
-            silence = audio_silence.to(device).expand(B, *audio_silence.shape)
-            audio_eps = torch.randn(silence.shape, generator=gen).to(device)
-            audio = fm.noisy_h3(silence, audio_eps, t_audio.to(device))
-        pred = model(x_t, t.to(device), batch.prompt, anchor=anchor, audio=audio, audio_timestep=t_audio.to(device),
+            silence = to_device(audio_silence, device).expand(B, *audio_silence.shape)
+            audio_eps = _noise(silence.shape, gen, device)
+            audio = fm.noisy_h3(silence, audio_eps, t_audio_d)
+        pred = model(x_t, t_d, batch.prompt, anchor=anchor, audio=audio, audio_timestep=t_audio_d,
                      cameras=batch.cameras)
         losses = fm.masked_mse(pred, x0 - eps, mask)
         shown = t
@@ -57,9 +66,10 @@ def fm_loss(model, cfg: RunConfig, batch: Batch, *, step: int, dp_rank: int, mic
             sigma, weight = fm.sample_wan_sigmas(B, cfg.model.timestep_shift, gen)
             if settings.weighting != "gaussian":
                 weight = torch.ones(B)
-        eps = torch.randn(x0.shape, generator=gen).to(device)
-        x = fm.noisy_sigma(x0, eps, sigma.to(device))
-        t_frames = _frames_time(sigma.to(device) * fm.NUM_TRAIN_TIMESTEPS, frames)
+        eps = _noise(x0.shape, gen, device)
+        sigma_d = to_device(sigma, device)
+        x = fm.noisy_sigma(x0, eps, sigma_d)
+        t_frames = _frames_time(sigma_d * fm.NUM_TRAIN_TIMESTEPS, frames)
         condition = None
         if family == "wan22_i2v_a14b":
             condition = batch.image_condition.clone()
@@ -72,16 +82,20 @@ def fm_loss(model, cfg: RunConfig, batch: Batch, *, step: int, dp_rank: int, mic
             for i, dropped in enumerate(drops):
                 if not dropped:
                     x[i, :, 0] = x0[i, :, 0]
-                    t_frames[i, 0] = 0.0
-                    mask[i, 0] = 0.0
+                    t_frames[i, 0].fill_(0.0)  # not ``= 0.0``: one element from a Python number syncs on a GPU
+                    mask[i, 0].fill_(0.0)
             if family == "ltx25_video":
                 pred = model(x, t_frames, batch.prompt, prompt_mask=batch.prompt_mask, cameras=batch.cameras,
                              fps=cfg.data.fps or 24.0)
             else:
                 pred = model(x, t_frames, batch.prompt, cameras=batch.cameras)
-        losses = fm.masked_mse(pred, eps - x0, mask) * weight.to(device)
+        losses = fm.masked_mse(pred, eps - x0, mask) * to_device(weight, device)
         shown = sigma * fm.NUM_TRAIN_TIMESTEPS
+    # The per-sample losses stay on the device: the engine reads every record's value in one copy after
+    # the step's loss (``engine.read_records``); reading each here waited for the forward before the
+    # backward could be launched (issue 18).
+    kept = losses.detach()
     for i, ident in enumerate(batch.identities):
         records.append({**ident, "timestep": float(shown[i]), "image_condition_dropped": drops[i],
-                        "loss": float(losses[i].detach())})
+                        "loss": kept[i]})
     return losses.mean(), records

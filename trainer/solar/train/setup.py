@@ -20,6 +20,7 @@ import torch
 from solar.config.contracts import checkpoint_contract, source_problem
 from solar.config.resolve import Resolved
 from solar.data.from_config import train_stream
+from solar.data.prefetch import Prefetched
 from solar.launch.materialize import checkpoint, materialize, module_tensors, released
 from solar.launch.weights import require_base
 from solar.models.lora import LoRALinear
@@ -135,7 +136,7 @@ def build_parts(resolved: Resolved, rank: int, device: torch.device, *, world: i
     if start_step > cfg.train.max_steps:  # == max_steps: the loop only finishes that step's validation
         raise CheckpointError(f"checkpoint.path {ck.path} is at step {start_step}, beyond train.max_steps="
                               f"{cfg.train.max_steps}")
-    stream = train_stream(cfg, rank, data_state)
+    stream = Prefetched(train_stream(cfg, rank, data_state))  # the next clip read during the step
     adapter_only = _is_lora(model) and bool(cfg.model.pretrained_path)
     return Parts(model, names, params, optimizer, ema, stream, start_step, init, adapter_only, sharded, fp8_linears)
 

@@ -170,6 +170,7 @@ def build_stage2(resolved, rank: int, device: torch.device, *, world: int = 1, l
     import random
 
     from solar.data.from_config import train_stream
+    from solar.data.prefetch import Prefetched
     from solar.train.setup import Parts
 
     cfg, route = resolved.config, resolved.route
@@ -282,7 +283,7 @@ def build_stage2(resolved, rank: int, device: torch.device, *, world: int = 1, l
     if start_step > cfg.train.max_steps:  # == max_steps: the loop only finishes that step's validation
         raise CheckpointError(f"checkpoint.path {ck.path} is at step {start_step}, beyond train.max_steps="
                               f"{cfg.train.max_steps}")
-    stream = train_stream(cfg, rank, data_state)
+    stream = Prefetched(train_stream(cfg, rank, data_state))  # the next clip read during the step
     parts = Parts(student.model, student.names, student.params, student.optimizer, ema, stream, start_step, init,
                   adapter_only=bool(cfg.model.pretrained_path) and cfg.model.training_mode == "lora", sharded=sharded,
                   fp8_linears=sum(fp8_linears.values()))
