@@ -42,6 +42,24 @@ def test_ema_start_warmup_and_swap():
     assert torch.equal(p.data, torch.full((2,), 8.0))
 
 
+def test_ema_update_is_the_per_parameter_update_bit_for_bit():
+    """The multi-tensor update computes what ``shadow.mul_(decay).add_(p, alpha=1 - decay)`` per
+    parameter computed, to the bit, over parameters of several shapes."""
+    g = torch.Generator().manual_seed(0)
+    params = {f"p{i}": torch.nn.Parameter(torch.randn(*shape, generator=g))
+              for i, shape in enumerate([(3,), (4, 5), (2, 3, 7), (1,)])}
+    ema = EMA(params, decay=0.999, start_step=1, warmup_steps=0)
+    ema.update(1)
+    expected = {n: t.clone() for n, t in ema.shadow.items()}
+    for step in range(2, 6):
+        for p in params.values():
+            p.data.add_(torch.randn(p.shape, generator=g))
+        ema.update(step)
+        for n, p in params.items():
+            expected[n].mul_(0.999).add_(p.detach().float(), alpha=1 - 0.999)
+    assert all(torch.equal(ema.shadow[n], expected[n]) for n in params)
+
+
 def test_objective_conventions():
     x0, eps = torch.ones(1, 2, 3, 1, 1), torch.zeros(1, 2, 3, 1, 1)
     assert torch.allclose(fm.noisy_sigma(x0, eps, torch.tensor([0.25])), torch.full_like(x0, 0.75))

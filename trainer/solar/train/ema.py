@@ -33,8 +33,11 @@ class EMA:
             self.first_update = count
             return
         decay = 0.0 if count <= self.first_update + self.warmup else self.decay
-        for name, p in self.params.items():
-            self.shadow[name].mul_(decay).add_(p.detach().float(), alpha=1 - decay)
+        # one multi-tensor kernel per operation instead of two per parameter (issue 18): the same
+        # elementwise arithmetic, shadow * decay + (1 - decay) * p
+        shadows = [self.shadow[name] for name in self.params]
+        torch._foreach_mul_(shadows, decay)
+        torch._foreach_add_(shadows, [p.detach().float() for p in self.params.values()], alpha=1 - decay)
 
     def state(self) -> tuple[dict[str, torch.Tensor], dict]:
         return (self.shadow or {}), {"first_update": self.first_update, "exists": self.exists}

@@ -29,6 +29,7 @@ from solar.models.weights import WeightsError
 from solar.storage.checkpoints import CheckpointError, read_manifest, require_valid
 from solar.train import checkpoint_io as io
 from solar.train.ema import EMA
+from solar.train.optimizer import adamw
 
 
 @dataclass
@@ -111,8 +112,7 @@ def build_parts(resolved: Resolved, rank: int, device: torch.device, *, world: i
     params = {n: p for n, p in model.named_parameters() if p.requires_grad}
     names = list(params)
     opt = cfg.train.optimizer
-    optimizer = torch.optim.AdamW(list(params.values()), lr=opt.lr, betas=tuple(opt.betas), eps=opt.eps,
-                                  weight_decay=opt.weight_decay)
+    optimizer = adamw(params, opt)
     e = cfg.train.ema
     ema = EMA(params, decay=e.decay, start_step=e.start_step, warmup_steps=e.warmup_steps, enabled=e.enabled)
     start_step, data_state = 0, None

@@ -45,6 +45,7 @@ from solar.objectives import dmd, fm
 from solar.storage.checkpoints import CheckpointError, read_manifest, require_valid
 from solar.train import checkpoint_io as io
 from solar.train.ema import EMA
+from solar.train.optimizer import adamw
 from solar.train.profiling import phase
 from solar.train.schedule import lr_at
 from solar.train.sources import check_roles, fm_objective, role_problem
@@ -159,9 +160,7 @@ def _role(model, opt, role: str) -> Role:
         own = role_name(name, role) if adapter else name
         if p.requires_grad and own is not None:
             params[own] = p
-    optimizer = torch.optim.AdamW(list(params.values()), lr=opt.lr, betas=tuple(opt.betas), eps=opt.eps,
-                                  weight_decay=opt.weight_decay)
-    return Role(model, list(params), params, optimizer, adapter)
+    return Role(model, list(params), params, adamw(params, opt), adapter)
 
 
 def build_stage2(resolved, rank: int, device: torch.device, *, world: int = 1, local_world: int | None = None,
