@@ -15,7 +15,8 @@ The emulated API server (tests/support/kube.py) answers a random share of the op
   "pods" stop; the garbage collector deletes the jobs of a deleted run;
 - the fault driver SIGKILLs the operator ``--kills`` times (the first once every run of the first
   window is active, the others when the number of finished runs crosses random marks, plus a random
-  0-1 s) and starts it again 0.2-1 s later;
+  0-1 s; with ``--kill-interval S``, every S s after the first instead: a burst of restarts) and
+  starts it again 0.2-1 s later;
 - ``/healthz`` is asked every 0.25 s.
 
 Recorded (the poll interval stated): duplicate jobs, stages skipped or run twice, runs stuck (a
@@ -518,6 +519,7 @@ def _doc(run: Run, rng: random.Random, base: dict) -> dict:
 
 
 def chaos(*, runs: int = 1000, kills: int = 30, seed: int = 1, poll_seconds: float = 10.0, active: int = 60,
+          kill_interval: float | None = None,
           rates: FaultRates | None = None, liveness_bound: float = 1.0, timeout: float = 3600.0,
           linger: float = 3.0, workdir: Path | None = None) -> dict:
     rng = random.Random(seed)
@@ -529,7 +531,8 @@ def chaos(*, runs: int = 1000, kills: int = 30, seed: int = 1, poll_seconds: flo
     plan = _scenarios(rng, runs)
     names = {r.name for r in plan}
     faults = Faults(random.Random(seed + 1), rates, names)
-    result = {"runs": runs, "kills_asked": kills, "seed": seed, "poll_seconds": poll_seconds, "active": active,
+    result = {"runs": runs, "kills_asked": kills, "kill_interval": kill_interval, "seed": seed,
+              "poll_seconds": poll_seconds, "active": active,
               "fault_rates": vars(rates), "liveness_bound_seconds": liveness_bound,
               "machine": f"{os.cpu_count()} cores", "scenarios": dict(Counter(r.kind for r in plan))}
     base = load_case("three-stage")
@@ -603,7 +606,8 @@ def chaos(*, runs: int = 1000, kills: int = 30, seed: int = 1, poll_seconds: flo
         op.start()
         threading.Thread(target=op.probe, args=(stop,), daemon=True).start()
         try:
-            _drive(world, book, plan, op, faults, rng, base, kills=kills, active=active, timeout=timeout,
+            _drive(world, book, plan, op, faults, rng, base, kills=kills, kill_interval=kill_interval, active=active,
+                   timeout=timeout,
                    started=started)
             result["seconds"] = round(time.monotonic() - started, 1)
             result["operator_log"] = str(tmp / "operator.log")
@@ -644,7 +648,8 @@ def _check_new_job(book: Book, run: Run, job: Job) -> None:
 
 
 def _drive(world: World, book: Book, plan: list[Run], op: Operator, faults: Faults, rng: random.Random,
-           base: dict, *, kills: int, active: int, timeout: float, started: float) -> None:
+           base: dict, *, kills: int, active: int, timeout: float, started: float,
+           kill_interval: float | None = None) -> None:
     deadline = started + timeout
     first_window = min(active, len(plan))
     marks = sorted(rng.uniform(1, max(2, len(plan) - 2)) for _ in range(max(0, kills - 1)))
@@ -676,6 +681,8 @@ def _drive(world: World, book: Book, plan: list[Run], op: Operator, faults: Faul
                 with book.lock:   # every run of the first window has its first job (or is invalid and failed)
                     due = created >= first_window and all(
                         r.jobs or book.finished(r) for r in plan[:first_window])
+            elif killed < kills and kill_interval is not None:
+                due = time.monotonic() - book.down[-1][0] >= kill_interval
             elif killed < kills and marks and done >= marks[0]:
                 marks.pop(0)
                 due = True
@@ -809,6 +816,8 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--runs", type=int, default=1000)
     parser.add_argument("--kills", type=int, default=30)
+    parser.add_argument("--kill-interval", type=float, help="seconds from one kill to the next after the first "
+                        "(default: when the finished count crosses random marks)")
     parser.add_argument("--seed", type=int, default=1)
     parser.add_argument("--poll-seconds", type=float, default=10.0, help="SOLAR_OPERATOR_POLL_SECONDS")
     parser.add_argument("--active", type=int, default=60, help="unfinished runs at most at a time")
@@ -819,7 +828,8 @@ def main() -> None:
     parser.add_argument("--out", type=Path, help="also write the JSON here")
     args = parser.parse_args()
     rates = FaultRates(0.0, 0.0, 0.0, 0.0, 0.0) if args.no_api_faults else FaultRates()
-    result = chaos(runs=args.runs, kills=args.kills, seed=args.seed, poll_seconds=args.poll_seconds,
+    result = chaos(runs=args.runs, kills=args.kills, kill_interval=args.kill_interval, seed=args.seed,
+                   poll_seconds=args.poll_seconds,
                    active=args.active, liveness_bound=args.liveness_bound, timeout=args.timeout, rates=rates)
     text = json.dumps(result, indent=2)
     print(text)
