@@ -478,16 +478,16 @@ class Operator:
                                   stdout=subprocess.PIPE, text=True)
         threading.Thread(target=lambda: (stop.wait(), prober.kill()), daemon=True).start()
         for line in prober.stdout:
-            asked, seconds = (float(x) for x in line.split())
-            took = seconds if seconds >= 0 else None
+            asked, seconds, ok = (float(x) for x in line.split())
+            took = seconds if ok else None
             with self.lock:
                 index = next((i for i in range(len(self.starts) - 1, -1, -1) if self.starts[i]["started"] <= asked),
                              None)
                 if index is None:
                     continue
                 current = self.starts[index]
-                if current["killed"] is not None and current["killed"] <= asked + (took or 0):
-                    continue
+                if current["killed"] is not None and current["killed"] <= asked + seconds:
+                    continue   # killed before this answer (or this failure) came
                 self.answers.append((index, asked, took))
                 if took is not None and current["first_200"] is None:
                     current["first_200"] = asked + took

@@ -1,7 +1,7 @@
 """``/healthz`` asked from a process of its own: ``prober.py URL PERIOD``.
 
-Prints one line per ask, ``<time.monotonic() when asked> <seconds to the 200, or -1>``, until its
-output is closed. The benches used to ask from a thread of their own process, which also runs the
+Prints one line per ask, ``<time.monotonic() when asked> <seconds it took> <1: a 200, 0: none>``,
+until its output is closed. The benches used to ask from a thread of their own process, which also runs the
 API server emulator and the players: that thread's waits (the GIL, the garbage collector of a large
 heap) were counted as the operator's (the chaos bench's late answers were seen there and not by a
 prober of its own; bench/RESULTS.md). ``time.monotonic`` is the system's monotonic clock, the same
@@ -27,7 +27,7 @@ def main() -> None:
             ok = False
         took = time.monotonic() - asked
         try:
-            print(f"{asked:.6f} {took if ok else -1:.6f}", flush=True)
+            print(f"{asked:.6f} {took:.6f} {int(ok)}", flush=True)
         except (BrokenPipeError, ValueError):   # the bench is done with us
             return
         time.sleep(max(0.0, period - took))
