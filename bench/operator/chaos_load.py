@@ -15,8 +15,9 @@ The emulated API server (tests/support/kube.py) answers a random share of the op
   "pods" stop; the garbage collector deletes the jobs of a deleted run;
 - the fault driver SIGKILLs the operator ``--kills`` times (the first once every run of the first
   window is active, the others when the number of finished runs crosses random marks, plus a random
-  0-1 s) and starts it again 0.2-1 s later;
-- ``/healthz`` is asked every 0.25 s.
+  0-1 s; with ``--kill-interval S``, every S s after the first instead: a burst of restarts) and
+  starts it again 0.2-1 s later;
+- ``/healthz`` is asked every 0.25 s by a process of its own (prober.py).
 
 Recorded (the poll interval stated): duplicate jobs, stages skipped or run twice, runs stuck (a
 reaction the operator owes, such as the next job after a job finished, taking longer than 5x the
@@ -439,16 +440,16 @@ class Operator:
         self.rss: list[float] = []
         self.answers: list[tuple[int, float, float | None]] = []   # (start index, asked at, seconds or None)
         self.lock = threading.Lock()
+        self.live = f"http://127.0.0.1:{_port()}/healthz"   # every process serves it on the same port
 
     def start(self) -> None:
-        metrics, live = _port(), _port()
         self.proc = subprocess.Popen(
             [str(Path(sys.executable).with_name("solar-operator")), "--standalone", "-n", self.namespace,
-             "--storage-root", str(self.storage), "--metrics-port", str(metrics),
-             "--liveness", f"http://127.0.0.1:{live}/healthz"], env=self.env, stdout=self.log, stderr=subprocess.STDOUT)
+             "--storage-root", str(self.storage), "--metrics-port", str(_port()), "--liveness", self.live],
+            env=self.env, stdout=self.log, stderr=subprocess.STDOUT)
         with self.lock:
-            self.starts.append({"started": time.monotonic(), "live": f"http://127.0.0.1:{live}/healthz",
-                                "first_200": None, "killed": None, "pid": self.proc.pid})
+            self.starts.append({"started": time.monotonic(), "first_200": None, "killed": None,
+                                "pid": self.proc.pid})
 
     def kill(self) -> float:
         now = time.monotonic()
@@ -459,6 +460,9 @@ class Operator:
         return now
 
     def stop(self) -> None:
+        with self.lock:   # the bench is over: an ask SIGTERM leaves unanswered is not the process's failure
+            if self.starts and self.starts[-1]["killed"] is None:
+                self.starts[-1]["killed"] = time.monotonic()
         if self.proc is not None and self.proc.poll() is None:
             self.proc.send_signal(signal.SIGTERM)
             try:
@@ -467,29 +471,31 @@ class Operator:
                 self.proc.kill()
 
     def probe(self, stop: threading.Event, period: float = 0.25) -> None:
-        while not stop.is_set():
+        """``/healthz`` asked by a prober process of its own (prober.py: this process's own waits are not
+        the operator's); each answer belongs to the process started last before it was asked, unless
+        that one was killed before the answer came."""
+        prober = subprocess.Popen([sys.executable, str(Path(__file__).with_name("prober.py")), self.live, str(period)],
+                                  stdout=subprocess.PIPE, text=True)
+        threading.Thread(target=lambda: (stop.wait(), prober.kill()), daemon=True).start()
+        for line in prober.stdout:
+            asked, seconds, ok = (float(x) for x in line.split())
+            took = seconds if ok else None
             with self.lock:
-                index, current = len(self.starts) - 1, dict(self.starts[-1]) if self.starts else None
-            if current is None or current["killed"] is not None:
-                stop.wait(period)
-                continue
-            asked = time.monotonic()
-            try:
-                with urllib.request.urlopen(current["live"], timeout=5) as resp:
-                    ok = resp.status == 200
-            except (OSError, http.client.HTTPException):
-                ok = False
-            took = time.monotonic() - asked
-            with self.lock:
-                if self.starts[index]["killed"] is None or self.starts[index]["killed"] > asked + took:
-                    self.answers.append((index, asked, took if ok else None))
-                    if ok and self.starts[index]["first_200"] is None:
-                        self.starts[index]["first_200"] = asked + took
+                index = next((i for i in range(len(self.starts) - 1, -1, -1) if self.starts[i]["started"] <= asked),
+                             None)
+                if index is None:
+                    continue
+                current = self.starts[index]
+                if current["killed"] is not None and current["killed"] <= asked + seconds:
+                    continue   # killed before this answer (or this failure) came
+                self.answers.append((index, asked, took))
+                if took is not None and current["first_200"] is None:
+                    current["first_200"] = asked + took
             try:
                 self.rss.append(_proc_stats(current["pid"])["rss_mib"])
             except (OSError, KeyError, IndexError):
                 pass
-            stop.wait(max(0.0, period - took))
+        prober.wait()
 
     def ready(self) -> bool:
         with self.lock:
@@ -518,6 +524,7 @@ def _doc(run: Run, rng: random.Random, base: dict) -> dict:
 
 
 def chaos(*, runs: int = 1000, kills: int = 30, seed: int = 1, poll_seconds: float = 10.0, active: int = 60,
+          kill_interval: float | None = None,
           rates: FaultRates | None = None, liveness_bound: float = 1.0, timeout: float = 3600.0,
           linger: float = 3.0, workdir: Path | None = None) -> dict:
     rng = random.Random(seed)
@@ -529,7 +536,8 @@ def chaos(*, runs: int = 1000, kills: int = 30, seed: int = 1, poll_seconds: flo
     plan = _scenarios(rng, runs)
     names = {r.name for r in plan}
     faults = Faults(random.Random(seed + 1), rates, names)
-    result = {"runs": runs, "kills_asked": kills, "seed": seed, "poll_seconds": poll_seconds, "active": active,
+    result = {"runs": runs, "kills_asked": kills, "kill_interval": kill_interval, "seed": seed,
+              "poll_seconds": poll_seconds, "active": active,
               "fault_rates": vars(rates), "liveness_bound_seconds": liveness_bound,
               "machine": f"{os.cpu_count()} cores", "scenarios": dict(Counter(r.kind for r in plan))}
     base = load_case("three-stage")
@@ -603,7 +611,8 @@ def chaos(*, runs: int = 1000, kills: int = 30, seed: int = 1, poll_seconds: flo
         op.start()
         threading.Thread(target=op.probe, args=(stop,), daemon=True).start()
         try:
-            _drive(world, book, plan, op, faults, rng, base, kills=kills, active=active, timeout=timeout,
+            _drive(world, book, plan, op, faults, rng, base, kills=kills, kill_interval=kill_interval, active=active,
+                   timeout=timeout,
                    started=started)
             result["seconds"] = round(time.monotonic() - started, 1)
             result["operator_log"] = str(tmp / "operator.log")
@@ -644,7 +653,8 @@ def _check_new_job(book: Book, run: Run, job: Job) -> None:
 
 
 def _drive(world: World, book: Book, plan: list[Run], op: Operator, faults: Faults, rng: random.Random,
-           base: dict, *, kills: int, active: int, timeout: float, started: float) -> None:
+           base: dict, *, kills: int, active: int, timeout: float, started: float,
+           kill_interval: float | None = None) -> None:
     deadline = started + timeout
     first_window = min(active, len(plan))
     marks = sorted(rng.uniform(1, max(2, len(plan) - 2)) for _ in range(max(0, kills - 1)))
@@ -676,6 +686,8 @@ def _drive(world: World, book: Book, plan: list[Run], op: Operator, faults: Faul
                 with book.lock:   # every run of the first window has its first job (or is invalid and failed)
                     due = created >= first_window and all(
                         r.jobs or book.finished(r) for r in plan[:first_window])
+            elif killed < kills and kill_interval is not None:
+                due = time.monotonic() - book.down[-1][0] >= kill_interval
             elif killed < kills and marks and done >= marks[0]:
                 marks.pop(0)
                 due = True
@@ -809,6 +821,8 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--runs", type=int, default=1000)
     parser.add_argument("--kills", type=int, default=30)
+    parser.add_argument("--kill-interval", type=float, help="seconds from one kill to the next after the first "
+                        "(default: when the finished count crosses random marks)")
     parser.add_argument("--seed", type=int, default=1)
     parser.add_argument("--poll-seconds", type=float, default=10.0, help="SOLAR_OPERATOR_POLL_SECONDS")
     parser.add_argument("--active", type=int, default=60, help="unfinished runs at most at a time")
@@ -819,7 +833,8 @@ def main() -> None:
     parser.add_argument("--out", type=Path, help="also write the JSON here")
     args = parser.parse_args()
     rates = FaultRates(0.0, 0.0, 0.0, 0.0, 0.0) if args.no_api_faults else FaultRates()
-    result = chaos(runs=args.runs, kills=args.kills, seed=args.seed, poll_seconds=args.poll_seconds,
+    result = chaos(runs=args.runs, kills=args.kills, kill_interval=args.kill_interval, seed=args.seed,
+                   poll_seconds=args.poll_seconds,
                    active=args.active, liveness_bound=args.liveness_bound, timeout=args.timeout, rates=rates)
     text = json.dumps(result, indent=2)
     print(text)

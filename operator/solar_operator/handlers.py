@@ -5,7 +5,8 @@ can be started, stopped and started again in one process with fresh handlers (te
 ``solar-operator`` calls it once. Every handler has an explicit id.
 
 - SolarRun created / resumed at operator start / spec changed -> reconcile
-- every ``poll_seconds`` while the run is not finished         -> reconcile (stage files have no watch)
+- every ``poll_seconds`` while the run is not finished        -> reconcile (stage files have no watch)
+  (or its final verdict's ``jobsToDelete`` are not gone)
 - any change of a PyTorchJob or TrainJob labelled with a run  -> reconcile that run (a finished job
                                                                   starts the next stage at once), unless
                                                                   its last pass saw that very version;
@@ -41,8 +42,9 @@ WORKERS = 8          # kopf's handler threads (--workers, SOLAR_OPERATOR_WORKERS
 
 
 def _active(status, namespace: str, name: str, memo: kopf.Memo, **_) -> bool:
-    """Polled while the run is not finished, or while Events of it wait for another try."""
-    if (status or {}).get("phase") not in FINISHED:
+    """Polled while the run is not finished, or while its final verdict's job deletes or Events of
+    it wait for another try."""
+    if (status or {}).get("phase") not in FINISHED or (status or {}).get("jobsToDelete"):
         return True
     runs = getattr(memo, "runs", None)
     return runs is not None and runs.pending_events(namespace, name) > 0

@@ -14,7 +14,12 @@ just before a restart is adopted rather than created twice.
 Status is written once per reconcile, only when it changed, after the jobs it records are created
 (a job created just before a failed write is adopted by the next pass) and before the jobs it retries
 or suspends are deleted (a failed job's count must not go with it); events go out after the write,
-so an event never announces a transition the status does not show. An Event the API server refuses (5xx,
+so an event never announces a transition the status does not show. A final verdict that deletes a
+job (ProgressDeadlineExceeded) is written before the delete too, with the job in
+``status.jobsToDelete``, and written again without it once the job is gone: a refused write can
+never leave a deleted job and an unfinished status (which the next pass would take for a job to
+start again), and a refused delete is done by the next pass over the finished run (finished runs
+are otherwise not reconciled; the poll goes on while the list is not empty). An Event the API server refuses (5xx,
 429, a timeout) is kept and posted again by the run's next reconciles, up to ``EVENT_ATTEMPTS``
 tries, then counted as dropped (``solar_operator_events_total{result}``); nothing is lost silently.
 """
@@ -132,14 +137,16 @@ class Reconciler:
         meta = run["metadata"]
         stored = {k: v for k, v in (run.get("status") or {}).items() if k in STATUS_KEYS}
         previous = _previous(stored, namespace, name)
-        if previous is not None and previous.phase in machine.TERMINAL:
+        leftover = previous is not None and bool(previous.jobsToDelete)  # a finished run's deletes to finish
+        if previous is not None and previous.phase in machine.TERMINAL and not leftover:
             return None
         generation = int(meta.get("generation") or 1)
         spec, plan, invalid = _parse(run, self._plan, meta.get("uid", ""), generation)
         jobs, files, root = {}, {}, None
-        if plan is not None:
+        if plan is not None or leftover:
             jobs = self.backend.observe(run)
-            if not jobs and (previous is None or not C.is_true(previous.conditions, C.VALIDATED)):
+            if plan is not None and not jobs and (previous is None or
+                                                  not C.is_true(previous.conditions, C.VALIDATED)):
                 invalid = self.backend.check(run, spec)   # contract.md §7: before any job exists
                 plan = None if invalid else plan
         if plan is not None:
@@ -157,19 +164,33 @@ class Reconciler:
         if plan is not None and decision.status.backend is None:
             decision.status.backend = self.backend.name(run)
         written = stored
-        if any(a.kind in ("delete_job", "suspend_job") for a in decision.actions) and \
-                decision.status.phase not in machine.TERMINAL:
+        going = [a.job for a in decision.actions if a.kind in ("delete_job", "suspend_job")]
+        if going:
             # why a job goes (or is suspended) is written before it goes: a retry's failure count, once
-            # its failed job is deleted, is nowhere else (a final verdict is written after: its job
-            # must go first)
+            # its failed job is deleted, is nowhere else; a final verdict lists the jobs it deletes
+            # (jobsToDelete), so that a pass over the finished run deletes what a failed delete left
+            final = decision.status.phase in machine.TERMINAL
+            if final:
+                decision.status.jobsToDelete = going
             written = self._write_status(namespace, name, written, decision)
+            if final:
+                decision.status.jobsToDelete = None
         try:
-            decision = self._act(run, spec, plan, decision, now, generation)
+            acted = self._act(run, spec, plan, decision, now, generation)
+            self._write_status(namespace, name, written, acted)
         except kopf.TemporaryError:
-            if written is not stored:  # the status is out: so are the Events it announces (kopf retries the rest)
-                self._post_events(run, decision.events)
+            if written is not stored:  # the status is out: so is what it announces (kopf retries the rest)
+                self._announce(run, spec, plan, decision)
             raise
-        self._write_status(namespace, name, written, decision)
+        decision = acted
+        self._announce(run, spec, plan, decision)
+        with self._guard:
+            self._seen[(namespace, name)] = {job.name: job.version for job in jobs.values()}
+        return decision
+
+    def _announce(self, run: dict, spec, plan, decision: machine.Decision) -> None:
+        """Once the decision's status is written: its Events, log lines and metrics (exactly once)."""
+        namespace, name = run["metadata"]["namespace"], run["metadata"]["name"]
         for kind, reason, message in decision.events:
             log.log(logging.WARNING if kind == "Warning" else logging.INFO, f"{namespace}/{name}: {reason}: {message}")
         self._post_events(run, decision.events)
@@ -181,9 +202,6 @@ class Reconciler:
                 metrics.count_stage_gpu_seconds(spec.family, p.route, p.action, ended.usage.gpuSeconds)
         for _stage, error_type in decision.job_failures:
             metrics.count_stage_failure(error_type)
-        with self._guard:
-            self._seen[(namespace, name)] = {job.name: job.version for job in jobs.values()}
-        return decision
 
     def _write_status(self, namespace: str, name: str, stored: dict, decision: machine.Decision) -> dict:
         """Write the decision's status when it differs from ``stored``; what the server now holds."""

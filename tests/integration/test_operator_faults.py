@@ -232,3 +232,51 @@ def test_a_job_event_bringing_nothing_new_needs_no_pass_and_a_failed_pass_skips_
     seen = len(gets.seen)
     r.job_changed(world.namespace, "quiet", "quiet-fm", latest)
     assert len(gets.seen) == seen + 1
+
+
+def test_a_final_verdict_is_written_before_its_job_goes_and_a_refused_write_never_retries(world):  # noqa: F811
+    """ProgressDeadlineExceeded deletes the silent job: the verdict is written first, listing the job
+    in ``status.jobsToDelete``. Its write refused: nothing is deleted. Its delete refused: the
+    finished run is polled and the next pass deletes the job. The write clearing the list refused
+    after the delete: the next pass clears it. At no point is a second attempt started (the final
+    status used to be written after the delete; refused, the next pass took the deleted job for an
+    attempt to start again)."""
+    from solar_operator.main import reconciler
+
+    r = reconciler(world.storage, url=world.cluster.url)
+    world.apply(_run("silent", progressDeadlineSeconds=60))
+    r.reconcile(world.namespace, "silent", "create")
+    world.set_job("silent-fm", "Running")
+    r.reconcile(world.namespace, "silent", "job")
+    r.clock = lambda: time.time() + 3600   # an hour without a sign of life
+    writes = Refuse("PATCH", "/solarruns/silent/status", times=1)
+    deletes = Refuse("DELETE", "/pytorchjobs/silent-fm", times=0)
+    world.cluster.emulator.faults += [writes, deletes]
+
+    def active() -> bool:
+        return handlers._active(status=world.status("silent"), namespace=world.namespace, name="silent",
+                                memo=kopf.Memo(runs=r))
+
+    with pytest.raises(operator_errors.ApiUnavailable, match="patch solarrun .*/silent status"):
+        r.reconcile(world.namespace, "silent", "poll")
+    assert "silent-fm" in world.jobs() and not deletes.seen and world.status("silent")["phase"] == "Running"
+
+    deletes.left = 1
+    with pytest.raises(operator_errors.ApiUnavailable, match="delete pytorchjob .*/silent-fm"):
+        r.reconcile(world.namespace, "silent", "poll")
+    status = world.status("silent")
+    assert status["phase"] == "Failed" and status["jobsToDelete"] == ["silent-fm"] and "silent-fm" in world.jobs()
+    assert status["stages"][0]["reason"] == "ProgressDeadlineExceeded" and active()
+    assert world.event_reasons("silent").count("ProgressDeadlineExceeded") == 1
+
+    writes.left = 1  # the delete goes through, the write clearing the list does not
+    with pytest.raises(operator_errors.ApiUnavailable, match="patch solarrun .*/silent status"):
+        r.reconcile(world.namespace, "silent", "poll")
+    assert "silent-fm" not in world.jobs() and world.status("silent")["jobsToDelete"] == ["silent-fm"]
+    r.reconcile(world.namespace, "silent", "poll")
+    status = world.status("silent")
+    assert "jobsToDelete" not in status and status["phase"] == "Failed" and not active()
+    assert r.reconcile(world.namespace, "silent", "poll") is None and not world.jobs()
+    assert (status["stages"][0]["attempt"], status["stages"][0]["phase"]) == (1, "Failed")
+    assert world.event_reasons("silent").count("ProgressDeadlineExceeded") == 1 and \
+        world.event_reasons("silent").count("StageStarted") == 1

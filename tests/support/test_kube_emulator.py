@@ -325,3 +325,30 @@ def test_kopf_operator_end_to_end(cluster: Cluster, tmp_path: Path, caplog: pyte
     problems = [r.getMessage() for r in caplog.records if r.name.startswith("kopf") and r.levelno >= logging.WARNING
                 and "OS signals are ignored" not in r.getMessage()]
     assert not problems
+
+
+class _CountedHistory(list):
+    """The emulator's request records, counting every full scan of them."""
+
+    scans = 0
+
+    def __iter__(self):
+        self.scans += 1
+        return super().__iter__()
+
+
+def test_discovery_answers_without_scanning_the_request_history(cluster: Cluster):
+    """kmock's own dispatch tests each reaction's filter against every request served so far, so a
+    discovery answer took time in proportion to the history (seconds in a long bench, the event loop
+    blocked). The emulator serves discovery directly: the same documents, recorded, never a scan."""
+    history = cluster.emulator._requests = _CountedHistory(cluster.emulator._requests)
+    before = len(history)
+    assert [r["name"] for r in cluster.get("/apis/example.test/v1")["resources"]] == ["widgets", "widgets/status"]
+    assert {"example.test", "apps"} <= {g["name"] for g in cluster.get("/apis")["groups"]}
+    assert cluster.get("/apis/example.test")["preferredVersion"]["version"] == "v1"
+    assert cluster.get("/api")["versions"] == ["v1"]
+    assert "namespaces" in {r["name"] for r in cluster.get("/api/v1")["resources"]}
+    assert "/apis/example.test/v1" in cluster.get("/")["paths"]
+    assert cluster.get("/version")["major"] == "1"
+    assert http_error(cluster.get, "/apis/nope.test/v1").status == 404
+    assert history.scans == 0 and len(history) == before + 8

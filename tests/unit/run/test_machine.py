@@ -196,6 +196,28 @@ def test_progress_deadline_fails_a_silent_stage_and_deletes_its_job():
     assert sim.condition("Failed").reason == "ProgressDeadlineExceeded"
 
 
+def test_a_finished_run_deletes_the_jobs_its_verdict_still_lists_and_nothing_else():
+    """The operator writes a final verdict with the jobs it deletes in ``jobsToDelete`` before the
+    deletes; a pass over the finished run deletes those still there and clears the list, and never
+    starts an attempt."""
+    sim = Sim(_spec(progressDeadlineSeconds=600))
+    sim.step()
+    sim.jobs["fm"] = JobState("tiny-wan-fm", "Running")
+    sim.now = T0 + 700
+    verdict = reconcile(sim.spec, sim.status, Observation("tiny-wan", 1, sim.now, plan=PLAN, jobs=dict(sim.jobs)))
+    assert [(a.kind, a.job) for a in verdict.actions] == [("delete_job", "tiny-wan-fm")]
+    assert verdict.status.phase == "Failed" and verdict.status.jobsToDelete is None  # the operator adds it
+    written = verdict.status.model_copy(update={"jobsToDelete": ["tiny-wan-fm"]})
+    for jobs, deletes in (({"fm": sim.jobs["fm"]}, ["tiny-wan-fm"]), ({}, []),
+                          ({"fm": JobState("tiny-wan-fm", "Running", deleting=True)}, [])):
+        d = reconcile(sim.spec, written, Observation("tiny-wan", 1, sim.now + 10, plan=PLAN, jobs=jobs))
+        assert [(a.kind, a.stage, a.job) for a in d.actions] == [("delete_job", "fm", job) for job in deletes]
+        assert d.status.jobsToDelete is None and d.status.phase == "Failed" and not d.events
+        assert d.status.stages == written.stages and d.status.conditions == written.conditions
+    d = reconcile(sim.spec, verdict.status, Observation("tiny-wan", 1, sim.now + 10, plan=PLAN, jobs=dict(sim.jobs)))
+    assert not d.actions  # a finished run without the list: nothing to do, whatever exists
+
+
 def test_suspend_deletes_the_job_and_resume_continues_from_the_checkpoint():
     sim = Sim()
     sim.step()

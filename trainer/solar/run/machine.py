@@ -27,8 +27,11 @@ messages in ``conditions``. Stages run in order; the current stage is the first 
     job created/pending/running/restarting     -> Pending|Running; progress_deadline.py may fail it
                                                   (ProgressDeadlineExceeded, job deleted)
     every stage Succeeded                      -> Succeeded, Ready=True
+    finished, status.jobsToDelete              -> delete those jobs (still there), clear the list
 
-Failed and Succeeded are final: a finished run is never restarted (create a new SolarRun).
+Failed and Succeeded are final: a finished run is never restarted (create a new SolarRun). A
+final verdict that deletes jobs is written before they go, listing them in ``jobsToDelete`` (the
+operator does that: ``solar_operator.runs``); a pass over the finished run deletes what is left.
 Every stage transition produces an event.
 """
 
@@ -167,6 +170,11 @@ def reconcile(spec: SolarRunSpec | None, previous: SolarRunStatus | None, obs: O
     r.diagnose = obs.diagnose
     status = r.status
     if previous is not None and previous.phase in TERMINAL:
+        for job in previous.jobsToDelete or []:  # the verdict is out, its jobs' deletes are not done yet
+            if job in {j.name for j in obs.jobs.values() if not j.deleting}:
+                stage = next((s.name for s in status.stages if s.job == job), "")
+                r.decision.actions.append(Action("delete_job", stage, job))
+        status.jobsToDelete = None
         return r.decision
     if obs.invalid is not None:
         st = status.stage(obs.invalid.stage) if obs.invalid.stage else None

@@ -287,6 +287,9 @@ class SolarRunStatus(Doc):
                                                      "suspended time excluded), from their run-result.json.")
     stages: list[StageStatus] = Field(default_factory=list)
     conditions: list[Condition] = Field(default_factory=list)
+    jobsToDelete: list[str] | None = Field(
+        None, description="Jobs a final verdict (ProgressDeadlineExceeded) still deletes: written with the "
+                          "verdict, before they go, and cleared once they are gone.")
 
     def stage(self, name: str) -> StageStatus | None:
         return next((s for s in self.stages if s.name == name), None)
