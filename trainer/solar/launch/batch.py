@@ -55,6 +55,13 @@ def to_device(t: torch.Tensor, device) -> torch.Tensor:
     return t.to(device, non_blocking=True)
 
 
+def host_noise(shape, gen: torch.Generator, device) -> torch.Tensor:
+    """Standard normal noise drawn on the CPU generator (the same values on every device), written
+    straight into pinned memory when bound for a GPU and copied without waiting (issue 18)."""
+    cuda = torch.device(device).type == "cuda"
+    return to_device(torch.randn(shape, generator=gen, pin_memory=cuda), device)
+
+
 def collate(clips: list[StreamClip]) -> Batch:
     lengths = [c.clip.prompt_embeds.shape[0] for c in clips]
     width = max(lengths)

@@ -11,15 +11,8 @@ from __future__ import annotations
 import torch
 
 from solar.config.schema import RunConfig
-from solar.launch.batch import Batch, to_device
+from solar.launch.batch import Batch, host_noise, to_device
 from solar.objectives import fm
-
-
-def _noise(shape, gen: torch.Generator, device: torch.device) -> torch.Tensor:
-    """Standard normal noise drawn on the CPU generator (the same values on every device), written
-    straight into pinned memory when bound for a GPU and copied without waiting (issue 18)."""
-    cuda = torch.device(device).type == "cuda"
-    return to_device(torch.randn(shape, generator=gen, pin_memory=cuda), device)
 
 
 def _frames_time(value_B: torch.Tensor, frames: int) -> torch.Tensor:
@@ -40,8 +33,8 @@ def fm_loss(model, cfg: RunConfig, batch: Batch, *, step: int, dp_rank: int, mic
     records = []
     if family == "minimax_h3":
         t = fm.sample_h3_times(B, cfg.model.timestep_shift, gen)
-        eps = _noise(x0.shape, gen, device)
-        anchor_eps = _noise(x0[:, :, :1].shape, gen, device)
+        eps = host_noise(x0.shape, gen, device)
+        anchor_eps = host_noise(x0[:, :, :1].shape, gen, device)
         t_audio = fm.sample_h3_times(B, cfg.model.audio_timestep_shift, gen)
         k = settings.keyframe_anchor_t
         anchor = k * x0[:, :, :1] + (1 - k) * anchor_eps
@@ -50,7 +43,7 @@ def fm_loss(model, cfg: RunConfig, batch: Batch, *, step: int, dp_rank: int, mic
         audio = None
         if audio_silence is not None:
             silence = to_device(audio_silence, device).expand(B, *audio_silence.shape)
-            audio_eps = _noise(silence.shape, gen, device)
+            audio_eps = host_noise(silence.shape, gen, device)
             audio = fm.noisy_h3(silence, audio_eps, t_audio_d)
         pred = model(x_t, t_d, batch.prompt, anchor=anchor, audio=audio, audio_timestep=t_audio_d,
                      cameras=batch.cameras)
@@ -66,7 +59,7 @@ def fm_loss(model, cfg: RunConfig, batch: Batch, *, step: int, dp_rank: int, mic
             sigma, weight = fm.sample_wan_sigmas(B, cfg.model.timestep_shift, gen)
             if settings.weighting != "gaussian":
                 weight = torch.ones(B)
-        eps = _noise(x0.shape, gen, device)
+        eps = host_noise(x0.shape, gen, device)
         sigma_d = to_device(sigma, device)
         x = fm.noisy_sigma(x0, eps, sigma_d)
         t_frames = _frames_time(sigma_d * fm.NUM_TRAIN_TIMESTEPS, frames)

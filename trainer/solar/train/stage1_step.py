@@ -22,7 +22,7 @@ from collections.abc import Callable
 import torch
 
 from solar.config.schema import RunConfig
-from solar.launch.batch import Batch
+from solar.launch.batch import Batch, host_noise, to_device
 from solar.objectives import anyflow as af
 from solar.objectives import fm
 
@@ -55,15 +55,15 @@ def anyflow_loss(model, cfg: RunConfig, batch: Batch, *, step: int, dp_rank: int
         x0 = x0[:, :, :keep_latents]
         cameras = batch.cameras[:, :keep_latents]
         k = cfg.train.fm.keyframe_anchor_t
-        anchor_eps = torch.randn(x0[:, :, :1].shape, generator=gen).to(device)
+        anchor_eps = host_noise(x0[:, :, :1].shape, gen, device)
         anchor = k * batch.latents[:, :, :1] + (1 - k) * anchor_eps
         audio = t_audio = None
         if audio_silence is not None:
-            silence = audio_silence.to(device).expand(B, *audio_silence.shape)
-            audio_eps = torch.randn(silence.shape, generator=gen).to(device)
-            t_audio = fm.sample_h3_times(B, cfg.model.audio_timestep_shift, gen).to(device)
+            silence = to_device(audio_silence, device).expand(B, *audio_silence.shape)
+            audio_eps = host_noise(silence.shape, gen, device)
+            t_audio = to_device(fm.sample_h3_times(B, cfg.model.audio_timestep_shift, gen), device)
             audio = fm.noisy_h3(silence, audio_eps, t_audio)
-        eps = torch.randn(x0.shape, generator=gen).to(device)
+        eps = host_noise(x0.shape, gen, device)
         pairs = af.sample_time_pairs(B, global_offset=offset, global_size=size, diffusion_ratio=a.diffusion_ratio,
                                      consistency_ratio=a.consistency_ratio, generator=gen)
 
@@ -77,23 +77,24 @@ def anyflow_loss(model, cfg: RunConfig, batch: Batch, *, step: int, dp_rank: int
     else:
         pairs = af.sample_time_pairs(B, global_offset=offset, global_size=size, diffusion_ratio=a.diffusion_ratio,
                                      consistency_ratio=a.consistency_ratio, generator=gen)
-        eps = torch.randn(x0.shape, generator=gen).to(device)
+        eps = host_noise(x0.shape, gen, device)
         drops = _drops(cfg, step, dp_rank, micro, B)
         guidance = a.guidance_scale or 1.0
         if guidance != 1.0 and negative is None:
             raise ValueError("a guided AnyFlow target needs the negative prompt (data.negative_prompt)")
-        neg = None if negative is None else negative.to(device, batch.prompt.dtype)[None].expand(B, -1, -1)
+        neg = None if negative is None else to_device(negative.to(batch.prompt.dtype), device)[None].expand(B, -1, -1)
         velocity = _wan_velocity(model, x0, batch, neg, clean_context)
 
-        keep = torch.zeros(B, x0.shape[2], dtype=torch.bool, device=device)
-        keep[:, 0] = torch.tensor([not d for d in drops], device=device)
+        keep = torch.zeros(B, x0.shape[2], dtype=torch.bool)   # built on the host, copied without waiting
+        keep[:, 0] = torch.tensor([not d for d in drops])
+        keep = to_device(keep, device)
         mask = (~keep).float()
     t_raw, r_raw = af.raw_levels(pairs, shift)
     frames = x0.shape[2]
-    t_f = t_raw.to(device)[:, None].expand(B, frames).clone()
-    r_f = r_raw.to(device)[:, None].expand(B, frames).clone()
-    if keep is not None:
-        t_f[keep], r_f[keep] = 0.0, 0.0
+    t_f = to_device(t_raw, device)[:, None].expand(B, frames).clone()
+    r_f = to_device(r_raw, device)[:, None].expand(B, frames).clone()
+    if keep is not None:  # masked_fill: a boolean index on a GPU tensor waits for the device (nonzero)
+        t_f, r_f = t_f.masked_fill(keep, 0.0), r_f.masked_fill(keep, 0.0)
     terms = af.flow_map_terms(velocity, x0, eps, t_f, r_f, mask, guidance=guidance,
                               epsilon=a.central_difference_epsilon, keep=keep)
     losses = terms.losses
@@ -101,14 +102,15 @@ def anyflow_loss(model, cfg: RunConfig, batch: Batch, *, step: int, dp_rank: int
         everyone = gather([(float(v), bool(d)) for v, d in zip(losses.detach(), pairs.is_diffusion)])
         global_losses = torch.tensor([v for v, _ in everyone], device=device)
         global_diffusion = torch.tensor([d for _, d in everyone], device=device)
-        losses = af.adaptive_rescale(losses, pairs.is_diffusion.to(device), global_losses, global_diffusion)
-    weights = af.gaussian_weight_at(t_raw, shift).to(device)
+        losses = af.adaptive_rescale(losses, to_device(pairs.is_diffusion, device), global_losses, global_diffusion)
+    weights = to_device(af.gaussian_weight_at(t_raw, shift), device)
     losses = losses * weights
+    kept = losses.detach()
     records = []
     for i, ident in enumerate(batch.identities):
         records.append({**ident, "timestep": float(t_raw[i]), "r_timestep": float(r_raw[i]),
                         "kind": af.KIND_NAMES[int(pairs.kind[i])], "image_condition_dropped": drops[i],
-                        "loss": float(losses[i].detach())})
+                        "loss": kept[i]})   # read with the step's other records (engine.read_records)
     return losses.mean(), records
 
 
@@ -158,24 +160,25 @@ def tf_fm_loss(model, cfg: RunConfig, batch: Batch, *, step: int, dp_rank: int, 
     table = fm.sigma_table(cfg.model.timestep_shift)
     grid_weights = fm.gaussian_weights(table * fm.NUM_TRAIN_TIMESTEPS)
     index = torch.randint(0, table.numel(), (B, chunks), generator=gen)
-    eps = torch.randn(x0.shape, generator=gen).to(device)
-    sigma = table[index].float().repeat_interleave(chunk, dim=1)[:, :frames].to(device)   # [B, F]
-    weight = grid_weights[index].float().repeat_interleave(chunk, dim=1)[:, :frames].to(device)
+    eps = host_noise(x0.shape, gen, device)
+    sigma = to_device(table[index].float().repeat_interleave(chunk, dim=1)[:, :frames], device)   # [B, F]
+    weight = to_device(grid_weights[index].float().repeat_interleave(chunk, dim=1)[:, :frames], device)
     if cfg.train.fm.weighting != "gaussian":
         weight = torch.ones_like(weight)
     drops = _drops(cfg, step, dp_rank, micro, B)
     mask = torch.ones(B, frames, device=device)
     for i, dropped in enumerate(drops):
         if not dropped:
-            sigma[i, 0] = 0.0
-            mask[i, 0] = 0.0
+            sigma[i, 0].fill_(0.0)  # not ``= 0.0``: one element from a Python number syncs on a GPU
+            mask[i, 0].fill_(0.0)
     s = sigma[:, None, :, None, None]
     x = (1 - s) * x0 + s * eps
     pred = model.forward_teacher_forcing(x0, x, sigma * fm.NUM_TRAIN_TIMESTEPS, batch.prompt, cameras=batch.cameras)
     err = (pred.float() - (eps - x0).float()).square().mean(dim=(1, 3, 4))   # [B, F]
     losses = (err * mask * weight).sum(dim=1) / mask.sum(dim=1).clamp_min(1.0)
+    kept = losses.detach()
     records = []
     for i, ident in enumerate(batch.identities):
-        records.append({**ident, "timestep": float(sigma[i].max() * fm.NUM_TRAIN_TIMESTEPS),
-                        "image_condition_dropped": drops[i], "loss": float(losses[i].detach())})
+        records.append({**ident, "timestep": sigma[i].max() * fm.NUM_TRAIN_TIMESTEPS,   # read with the step's
+                        "image_condition_dropped": drops[i], "loss": kept[i]})         # records, at once
     return losses.mean(), records
