@@ -147,7 +147,6 @@ class KVCache:
 
     layers: list[LayerCache]
     context: torch.Tensor              # embedded prompt [B, L, D]
-    window_chunks: int
     tokens_per_frame: int = 0
 
 
@@ -180,6 +179,7 @@ class ChunkCache:
     keys: int = 0                      # key positions the current chunk attends to (a prefix of the ring)
     first: bool = True                 # the current chunk is chunk 0
     slot: torch.Tensor | None = None   # [m] token indices of the current chunk's slot
+    positions: torch.Tensor | None = None  # [m] 0..m-1, the slot's offsets
 
     @property
     def capacity(self) -> int:
@@ -198,11 +198,11 @@ class ChunkCache:
         chunk = self.committed_frames // frames
         self.first = chunk == 0
         self.keys = (min(chunk, self.window_chunks) + 1) * m
-        slot = torch.arange(m) + (chunk % slots) * m
         if self.slot is None:
-            self.slot = slot.to(device)
-        else:  # in place: a compiled block sees the same tensor every chunk
-            self.slot.copy_(slot)
+            self.slot = torch.arange(m, device=device)
+            self.positions = self.slot.clone()
+        # in place, on the device: a compiled block sees the same tensor every chunk, no host copy
+        torch.add(self.positions, (chunk % slots) * m, out=self.slot)
 
 
 @dataclass
@@ -504,8 +504,7 @@ class WanDiT(nn.Module):
         B, frames = clean.shape[0], grid[0]
         n = grid[1] * grid[2]
         zeros = torch.zeros(B, frames, device=clean.device)
-        cache = KVCache([LayerCache() for _ in self.blocks], self.condition_embedder.text_embedder(prompt_embeds),
-                        self.cfg.max_prior_clean_chunks, n)
+        cache = KVCache([LayerCache() for _ in self.blocks], self.condition_embedder.text_embedder(prompt_embeds), n)
         chunk, window = self.cfg.chunk_latents, self.cfg.max_prior_clean_chunks
         self._run(tokens, cache.context, t_BF=zeros, r_BF=zeros if with_r else None,
                   positions=torch.arange(frames, device=clean.device), grid_hw=grid[1:],
