@@ -80,3 +80,23 @@ def run_ltx(rank: int, world: int):
         for g in grads.values():
             dist.all_reduce(g)
     return out.detach(), grads
+
+
+def run_context(rank: int, world: int, frames: int):
+    """Wan teacher forcing: the whole ``[clean | noisy]`` sequence, and the clean half run once
+    (``teacher_context``) then the noisy half alone, for two noisy inputs; without grad."""
+    torch.manual_seed(0)
+    model = randomize(ours(dims(TI2V, heads=4, head_dim=8), camera_transform="linear", chunk_latents=2,
+                           max_prior_clean_chunks=1, attention_backend="sdpa", anyflow=True))
+    if world > 1:
+        model.set_sequence_parallel(SPGroup(None, rank, world))
+    x, clean, ctx, t, _, cams = inputs(frames)
+    r = t * 0.5
+    with torch.no_grad():
+        context = model.teacher_context(clean, ctx, cameras=cams, with_r=True)
+        pairs = []
+        for z in (x, x.flip(2)):
+            full = model.forward_teacher_forcing(clean, z, t, ctx, cameras=cams, r_timestep=r)
+            half = model.forward_teacher_forcing(clean, z, t, ctx, cameras=cams, r_timestep=r, context=context)
+            pairs.append((full, half))
+    return pairs

@@ -1,7 +1,7 @@
 """Stage1 TF-AnyFlow with the clean half run once per prompt (``teacher_context``) gives the loss,
 the per-sample records and the gradients of every forward over the whole ``[clean | noisy]``
 sequence, on the tiny Wan config: guided (negative prompt), image condition kept and dropped, with
-cameras and the adaptive rescale."""
+cameras and the adaptive rescale; also under Ulysses SP = 2 (gloo ranks)."""
 
 from __future__ import annotations
 
@@ -86,6 +86,40 @@ def test_clean_context_gives_the_full_sequence_loss_and_gradients(step):
     for name, g in grads.items():
         scale = max(1.0, ref_grads[name].abs().max().item())
         assert (g - ref_grads[name]).abs().max().item() <= 1e-5 * scale, name
+
+
+def _sp_step(rank: int, world: int, step: int):
+    """One rank of an SP group: the step with and without the clean context, parameter gradients
+    summed over the group as the trainer does."""
+    import torch.distributed as dist
+
+    from solar.models.sequence_parallel import SPGroup
+
+    cfg, model, batch, negative = _setup("train.fm.image_condition_dropout=0.5")
+    model.set_sequence_parallel(SPGroup(None, rank, world))
+    out = []
+    for clean_context in (False, True):
+        loss, records, grads, calls = _loss_and_grads(model, cfg, batch, negative, step, clean_context)
+        for g in grads.values():
+            dist.all_reduce(g)
+        out.append((loss, records, grads, calls))
+    return out
+
+
+def test_clean_context_under_sequence_parallelism_gives_the_full_sequence_step():
+    """SP = 2: the clean half's 9 frames split 5 + 4 (the whole sequence's 18: 9 + 9); step 3 keeps
+    one sample's image condition and drops the other's."""
+    from tests.support.distributed import run_ranks
+
+    for (ref_loss, ref_records, ref_grads, ref_calls), (loss, records, grads, calls) in run_ranks(_sp_step, 2, 3):
+        assert ref_calls == {"full": 5, "context": 0, "noisy": 0}
+        assert calls == {"full": 1, "context": 2, "noisy": 4}
+        assert abs(loss.item() - ref_loss.item()) <= 1e-5 * max(1.0, abs(ref_loss.item()))
+        assert all(abs(a["loss"] - b["loss"]) <= 1e-5 * max(1.0, abs(b["loss"])) for a, b in zip(records, ref_records))
+        assert grads.keys() == ref_grads.keys() and len(grads) > 0
+        for name, g in grads.items():
+            scale = max(1.0, ref_grads[name].abs().max().item())
+            assert (g - ref_grads[name]).abs().max().item() <= 1e-5 * scale, name
 
 
 def test_compiled_blocks_are_recognised():

@@ -119,14 +119,14 @@ def _wan_velocity(model, x0: torch.Tensor, batch: Batch, neg: torch.Tensor | Non
     with the same latents in every forward of the step and attends only to clean tokens, so the
     forwards without grad run it once per prompt (``teacher_context``) and then the noisy half
     alone; the forward with grad runs the whole sequence (the clean half's activations get
-    gradients). Not under sequence parallelism, where the full sequence runs every time, and not
-    with compiled blocks: on the H200 a compiled 5B Stage1 step with the context had not finished
-    its first step after 395 s (bench/RESULTS.md), so compiled runs keep the full-sequence forwards."""
+    gradients). Under sequence parallelism too (each rank keeps its heads of the clean half's
+    keys/values). Not with compiled blocks: on the H200 a compiled 5B Stage1 step with the context
+    had not finished its first step after 395 s (bench/RESULTS.md), so compiled runs keep the
+    full-sequence forwards."""
     from solar.train.parallelize import is_compiled
     from solar.train.profiling import phase
 
-    reuse = (clean_context and hasattr(model, "teacher_context") and getattr(model, "sp", None) is None
-             and not is_compiled(model))
+    reuse = clean_context and hasattr(model, "teacher_context") and not is_compiled(model)
     held: dict[bool, object] = {}    # one context at a time: the negative prompt's, then the prompt's
 
     def velocity(z, t_raw, r_raw, negative_prompt):
