@@ -1,7 +1,9 @@
-"""Stage1 TF-AnyFlow with the clean half run once per prompt (``teacher_context``) gives the loss,
-the per-sample records and the gradients of every forward over the whole ``[clean | noisy]``
-sequence, on the tiny Wan config: guided (negative prompt), image condition kept and dropped, with
-cameras and the adaptive rescale; also under Ulysses SP = 2 (gloo ranks)."""
+"""Stage1 TF-AnyFlow with the rows before the noisy ones run once (``teacher_context``) gives the
+loss, the per-sample records and the gradients of every forward over the whole sequence: on the tiny
+Wan config (``[clean | noisy]``, guided: once per prompt; image condition kept and dropped, with
+cameras and the adaptive rescale) and the tiny MiniMax-H3 config (``[text | anchor | audio | clean |
+noisy]``, unguided: once per step; LoRA, noised silence as audio), each also under Ulysses SP = 2
+(gloo ranks)."""
 
 from __future__ import annotations
 
@@ -17,8 +19,10 @@ from tests.conftest import CONFIGS
 from tests.unit.models.wan_helpers import moving_cameras
 
 CONFIG = CONFIGS / "tiny" / "wan22_ti2v_5b" / "train_stage1_tf_anyflow_81f.yaml"
+H3_CONFIG = CONFIGS / "tiny" / "minimax_h3" / "train_stage1_tf_anyflow_158f.yaml"
 B, FRAMES, H, W = 2, 9, 4, 6
 STEPS = (3, 4, 11)
+H3_FRAMES = 12   # chunks of 5 latents: three
 
 
 def _setup(*sets: str):
@@ -36,7 +40,25 @@ def _setup(*sets: str):
     return cfg, model, batch, negative
 
 
-def _loss_and_grads(model, cfg, batch, negative, step, clean_context):
+def _setup_h3():
+    cfg = resolve_file(H3_CONFIG, ["data.root=/data", "runtime.output_dir=/out"]).config
+    torch.manual_seed(0)
+    model = model_from_config(cfg, device="cpu")
+    d = model.cfg.dims
+    g = torch.Generator().manual_seed(12)
+    with torch.no_grad():   # LoRA's up projections start at zero: make every adapter act
+        for name, p in model.named_parameters():
+            if "lora" in name:
+                p.copy_(torch.randn(p.shape, generator=g) * 0.1)
+    batch = Batch(latents=torch.randn(B, d.out_channels, H3_FRAMES, H, W, generator=g),
+                  prompt=torch.randn(B, 5, d.text_dim, generator=g), prompt_mask=torch.ones(B, 5),
+                  cameras=moving_cameras(H3_FRAMES, batch=B), image_condition=None,
+                  identities=[{"sample_id": f"s{i}", "start_frame": 0} for i in range(B)])
+    silence = torch.randn(2, 3, model.cfg.audio_in_channels, generator=g)
+    return cfg, model, batch, silence
+
+
+def _loss_and_grads(model, cfg, batch, negative, step, clean_context, audio_silence=None):
     model.zero_grad(set_to_none=True)
     calls = {"full": 0, "context": 0, "noisy": 0}
     full, context = model.forward_teacher_forcing, model.teacher_context
@@ -52,7 +74,8 @@ def _loss_and_grads(model, cfg, batch, negative, step, clean_context):
     model.forward_teacher_forcing, model.teacher_context = counting_full, counting_context
     try:
         loss, records = anyflow_loss(model, cfg, batch, step=step, dp_rank=0, dp_world=1, micro=0,
-                                     gather=lambda rows: rows, negative=negative, clean_context=clean_context)
+                                     gather=lambda rows: rows, negative=negative, clean_context=clean_context,
+                                     audio_silence=audio_silence)
         loss.backward()
     finally:
         del model.forward_teacher_forcing, model.teacher_context
@@ -88,20 +111,38 @@ def test_clean_context_gives_the_full_sequence_loss_and_gradients(step):
         assert (g - ref_grads[name]).abs().max().item() <= 1e-5 * scale, name
 
 
-def _sp_step(rank: int, world: int, step: int):
-    """One rank of an SP group: the step with and without the clean context, parameter gradients
-    summed over the group as the trainer does."""
+def _assert_same_step(ref, new):
+    (ref_loss, ref_records, ref_grads, _), (loss, records, grads, _) = ref, new
+    assert abs(loss.item() - ref_loss.item()) <= 1e-5 * max(1.0, abs(ref_loss.item()))
+    assert [{k: v for k, v in r.items() if k != "loss"} for r in records] == \
+        [{k: v for k, v in r.items() if k != "loss"} for r in ref_records]
+    assert all(abs(a["loss"] - b["loss"]) <= 1e-5 * max(1.0, abs(b["loss"])) for a, b in zip(records, ref_records))
+    assert grads.keys() == ref_grads.keys() and len(grads) > 0
+    for name, g in grads.items():
+        scale = max(1.0, ref_grads[name].abs().max().item())
+        assert (g - ref_grads[name]).abs().max().item() <= 1e-5 * scale, name
+
+
+def _sp_step(rank: int, world: int, family: str, step: int):
+    """One rank of an SP group (or the single process at world 1): the step without and with the
+    context, parameter gradients summed over the group as the trainer does."""
     import torch.distributed as dist
 
     from solar.models.sequence_parallel import SPGroup
 
-    cfg, model, batch, negative = _setup("train.fm.image_condition_dropout=0.5")
-    model.set_sequence_parallel(SPGroup(None, rank, world))
+    if family == "wan":
+        cfg, model, batch, negative = _setup("train.fm.image_condition_dropout=0.5")
+        silence = None
+    else:
+        (cfg, model, batch, silence), negative = _setup_h3(), None
+    if world > 1:
+        model.set_sequence_parallel(SPGroup(None, rank, world))
     out = []
     for clean_context in (False, True):
-        loss, records, grads, calls = _loss_and_grads(model, cfg, batch, negative, step, clean_context)
-        for g in grads.values():
-            dist.all_reduce(g)
+        loss, records, grads, calls = _loss_and_grads(model, cfg, batch, negative, step, clean_context, silence)
+        if world > 1:
+            for g in grads.values():
+                dist.all_reduce(g)
         out.append((loss, records, grads, calls))
     return out
 
@@ -111,15 +152,31 @@ def test_clean_context_under_sequence_parallelism_gives_the_full_sequence_step()
     one sample's image condition and drops the other's."""
     from tests.support.distributed import run_ranks
 
-    for (ref_loss, ref_records, ref_grads, ref_calls), (loss, records, grads, calls) in run_ranks(_sp_step, 2, 3):
-        assert ref_calls == {"full": 5, "context": 0, "noisy": 0}
-        assert calls == {"full": 1, "context": 2, "noisy": 4}
-        assert abs(loss.item() - ref_loss.item()) <= 1e-5 * max(1.0, abs(ref_loss.item()))
-        assert all(abs(a["loss"] - b["loss"]) <= 1e-5 * max(1.0, abs(b["loss"])) for a, b in zip(records, ref_records))
-        assert grads.keys() == ref_grads.keys() and len(grads) > 0
-        for name, g in grads.items():
-            scale = max(1.0, ref_grads[name].abs().max().item())
-            assert (g - ref_grads[name]).abs().max().item() <= 1e-5 * scale, name
+    for ref, new in run_ranks(_sp_step, 2, "wan", 3):
+        assert ref[3] == {"full": 5, "context": 0, "noisy": 0}
+        assert new[3] == {"full": 1, "context": 2, "noisy": 4}
+        _assert_same_step(ref, new)
+
+
+@pytest.mark.parametrize("step", (3, 4))
+def test_h3_context_gives_the_full_sequence_loss_and_gradients(step):
+    """One context a step (one prompt, no guidance): three forwards over the noisy rows, the
+    forward with grad over the whole sequence."""
+    ref, new = _sp_step(0, 1, "h3", step)
+    assert ref[3] == {"full": 4, "context": 0, "noisy": 0}
+    assert new[3] == {"full": 1, "context": 1, "noisy": 3}
+    _assert_same_step(ref, new)
+
+
+def test_h3_context_under_sequence_parallelism_gives_the_full_sequence_step():
+    """SP = 2, as H3 trains: context rows and noisy rows each split over the two ranks."""
+    from tests.support.distributed import run_ranks
+
+    single = _sp_step(0, 1, "h3", 3)
+    for ref, new in run_ranks(_sp_step, 2, "h3", 3):
+        assert new[3] == {"full": 1, "context": 1, "noisy": 3}
+        _assert_same_step(ref, new)
+        _assert_same_step(single[0], ref)   # and SP = 2 is SP = 1
 
 
 def test_compiled_blocks_are_recognised():
