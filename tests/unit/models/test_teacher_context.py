@@ -67,6 +67,21 @@ def test_h3_context_under_sp2_gives_the_full_sequence_prediction():
         _assert_pairs(pairs, single)
 
 
+def test_h3_context_without_anchor_or_audio():
+    from tests.unit.models.family_helpers import h3_ours, randomize
+
+    model = randomize(h3_ours(chunk_latents=2, max_prior_clean_chunks=1, camera_transform="logd4", anyflow=True))
+    gen = torch.Generator().manual_seed(9)
+    clean, z = (torch.randn(1, 24, 5, 4, 6, generator=gen) for _ in range(2))
+    ctx, t = torch.randn(1, 3, 40, generator=gen), torch.rand(1, 5, generator=gen)
+    cams = sp_worker.moving_cameras(5)
+    with torch.no_grad():
+        context = model.teacher_context(clean, ctx, cameras=cams)
+        full = model.forward_teacher_forcing(clean, z, t, ctx, cameras=cams, r_timestep=t)
+        half = model.forward_teacher_forcing(clean, z, t, ctx, cameras=cams, r_timestep=t, context=context)
+    assert (full - half).abs().max().item() <= 1e-5
+
+
 def test_h3_context_checks():
     from tests.unit.models.family_helpers import h3_ours
 
