@@ -4,7 +4,9 @@ Each rank of an SP group holds a contiguous run of whole latent frames (splits m
 21 frames over 2 ranks are 11 + 10). Around attention, an all-to-all trades the sequence split for
 a head split (every rank then sees the whole sequence for heads/sp heads), the wrapped attention
 runs with the global mask, and a second all-to-all trades back. Both all-to-alls are autograd
-functions whose backward is the opposite exchange. Works over gloo (CPU) and NCCL.
+functions whose backward is the opposite exchange. Works over gloo (CPU) and NCCL. Models that keep
+keys/values between calls (the teacher-forcing context) call the two exchanges themselves
+(``HeadExchange``) and keep them in the head-sharded layout.
 """
 
 from __future__ import annotations
@@ -85,17 +87,33 @@ def _heads_to_seq(x: torch.Tensor, group, seq_sizes: list[int]) -> torch.Tensor:
     return recv.reshape(sp, B, hg, mine, D).transpose(0, 1).reshape(B, sp * hg, mine, D)
 
 
+@dataclass(frozen=True)
+class HeadExchange:
+    """Ulysses' two exchanges for one call, for attention code that keeps head-sharded keys and
+    values between calls (the teacher-forcing context): ``to_heads`` [B, H, S_r, D] -> [B, H/sp, S, D]
+    (this rank's heads over the whole sequence, ranks' runs in rank order), ``to_sequence`` back.
+    ``sizes``: every rank's sequence length in this call."""
+
+    sp: SPGroup
+    sizes: list[int]
+
+    def to_heads(self, x: torch.Tensor) -> torch.Tensor:
+        if x.shape[1] % self.sp.size:
+            raise ValueError(f"{x.shape[1]} heads are not divisible by sequence parallelism {self.sp.size}")
+        return _SeqToHeads.apply(x, self.sp.group, self.sizes)
+
+    def to_sequence(self, x: torch.Tensor) -> torch.Tensor:
+        return _HeadsToSeq.apply(x, self.sp.group, self.sizes)
+
+
 def ulysses(attend: Callable, sp: SPGroup, tokens_per_frame: Callable[[], list[int]]) -> Callable:
     """Wrap ``attend(q, k, v, mask)`` for SP; ``tokens_per_frame()`` gives each rank's sequence length
     for the current call (whole frames times tokens per frame)."""
 
     def wrapped(q, k, v, mask):
-        sizes = tokens_per_frame()
-        if q.shape[1] % sp.size:
-            raise ValueError(f"{q.shape[1]} heads are not divisible by sequence parallelism {sp.size}")
-        q, k, v = (_SeqToHeads.apply(t, sp.group, sizes) for t in (q, k, v))
-        out = attend(q, k, v, mask)
-        return _HeadsToSeq.apply(out, sp.group, sizes)
+        exchange = HeadExchange(sp, tokens_per_frame())
+        q, k, v = (exchange.to_heads(t) for t in (q, k, v))
+        return exchange.to_sequence(attend(q, k, v, mask))
     return wrapped
 
 

@@ -38,9 +38,10 @@ def anyflow_loss(model, cfg: RunConfig, batch: Batch, *, step: int, dp_rank: int
                  gather: Gather, negative: torch.Tensor | None = None,
                  audio_silence: torch.Tensor | None = None,
                  clean_context: bool = True) -> tuple[torch.Tensor, list[dict]]:
-    """The step's AnyFlow loss and per-sample records. ``clean_context``: Wan's forwards without
-    grad reuse the clean half's keys/values (``_wan_velocity``); False runs every forward over the
-    whole sequence (the same numbers; kept for the equality tests and benchmarks)."""
+    """The step's AnyFlow loss and per-sample records. ``clean_context``: the forwards without grad
+    reuse the keys/values of the rows before the noisy ones (Wan: the clean half, ``_wan_velocity``;
+    H3: text, anchor, audio and clean, ``_h3_output``); False runs every forward over the whole
+    sequence (the same numbers; kept for the equality tests and benchmarks)."""
     a, family = cfg.train.anyflow, cfg.model.family
     accum = cfg.train.gradient_accumulation
     x0 = batch.latents
@@ -67,11 +68,8 @@ def anyflow_loss(model, cfg: RunConfig, batch: Batch, *, step: int, dp_rank: int
         pairs = af.sample_time_pairs(B, global_offset=offset, global_size=size, diffusion_ratio=a.diffusion_ratio,
                                      consistency_ratio=a.consistency_ratio, generator=gen)
 
-        def h3(z, t_data, r_data, negative_prompt):
-            return model.forward_teacher_forcing(x0, z, t_data, batch.prompt, anchor=anchor, audio=audio,
-                                                 audio_timestep=t_audio, cameras=cameras, r_timestep=r_data)
-
-        velocity = af.reversed_time_velocity(h3)
+        velocity = af.reversed_time_velocity(_h3_output(model, x0, batch, anchor, audio, t_audio, cameras,
+                                                        clean_context))
         guidance, keep = 1.0, None
         mask = torch.ones(B, x0.shape[2], device=device)
     else:
@@ -119,14 +117,10 @@ def _wan_velocity(model, x0: torch.Tensor, batch: Batch, neg: torch.Tensor | Non
     with the same latents in every forward of the step and attends only to clean tokens, so the
     forwards without grad run it once per prompt (``teacher_context``) and then the noisy half
     alone; the forward with grad runs the whole sequence (the clean half's activations get
-    gradients). Not under sequence parallelism, where the full sequence runs every time, and not
-    with compiled blocks: on the H200 a compiled 5B Stage1 step with the context had not finished
-    its first step after 395 s (bench/RESULTS.md), so compiled runs keep the full-sequence forwards."""
-    from solar.train.parallelize import is_compiled
+    gradients). When: ``_reuses_context``."""
     from solar.train.profiling import phase
 
-    reuse = (clean_context and hasattr(model, "teacher_context") and getattr(model, "sp", None) is None
-             and not is_compiled(model))
+    reuse = _reuses_context(model, clean_context)
     held: dict[bool, object] = {}    # one context at a time: the negative prompt's, then the prompt's
 
     def velocity(z, t_raw, r_raw, negative_prompt):
@@ -146,6 +140,47 @@ def _wan_velocity(model, x0: torch.Tensor, batch: Batch, neg: torch.Tensor | Non
                                                  context=held[negative_prompt])
 
     return velocity
+
+
+def _reuses_context(model, clean_context: bool) -> bool:
+    """Whether the forwards without grad run against a teacher-forcing context: asked for, the model
+    has one, with or without sequence parallelism (each rank keeps its heads of the context's
+    keys/values), but not with compiled blocks: on the H200 a compiled 5B Stage1 step with the
+    context had not finished its first step after 395 s (bench/RESULTS.md), so compiled runs keep
+    the full-sequence forwards."""
+    from solar.train.parallelize import is_compiled
+
+    return clean_context and hasattr(model, "teacher_context") and not is_compiled(model)
+
+
+def _h3_output(model, x0: torch.Tensor, batch: Batch, anchor, audio, t_audio, cameras, clean_context: bool):
+    """The H3 model over ``[text | anchor | audio | clean | noisy]`` in data-ward time, for
+    ``reversed_time_velocity``. Within a step the rows before the noisy ones are the same in every
+    forward (one prompt, the step's anchor and noised silence at its audio time, clean latents at
+    t = r = 1) and never attend to a noisy row, so the forwards without grad (diagonal, plus,
+    minus; H3's target is unguided) run them once (``teacher_context``) and then the noisy rows
+    alone; the forward with grad runs the whole sequence."""
+    from solar.train.profiling import phase
+
+    reuse = _reuses_context(model, clean_context)
+    held = []
+
+    def output(z, t_data, r_data, negative_prompt):
+        grad = torch.is_grad_enabled()
+        if not reuse or grad:
+            held.clear()
+            with phase("forward/" + ("with-grad" if grad else "without-grad-full")):
+                return model.forward_teacher_forcing(x0, z, t_data, batch.prompt, anchor=anchor, audio=audio,
+                                                     audio_timestep=t_audio, cameras=cameras, r_timestep=r_data)
+        if not held:
+            with phase("forward/clean-context"):
+                held.append(model.teacher_context(x0, batch.prompt, anchor=anchor, audio=audio,
+                                                  audio_timestep=t_audio, cameras=cameras))
+        with phase("forward/without-grad-noisy-half"):
+            return model.forward_teacher_forcing(x0, z, t_data, batch.prompt, cameras=cameras, r_timestep=r_data,
+                                                 context=held[0])
+
+    return output
 
 
 def tf_fm_loss(model, cfg: RunConfig, batch: Batch, *, step: int, dp_rank: int, micro: int

@@ -6,8 +6,10 @@ modality) table, as in the reference. Added here:
 
 - camera PRoPE on the video rows (the anchor uses frame 0's camera) after H3's RoPE channels;
 - teacher forcing ``[text | anchor | audio | clean | noisy]`` with ``TokenMask`` (the prefix rows
-  see only the prefix, so they can be cached), chunk-by-chunk generation with a KV cache of the
-  prefix and of the committed clean chunks within the window (5 latents a chunk, 6-chunk window);
+  see only the prefix, so they can be cached; no row before the noisy ones sees a noisy row, so
+  ``teacher_context`` runs them once for forwards without grad, also under Ulysses SP),
+  chunk-by-chunk generation with a KV cache of the prefix and of the committed clean chunks within
+  the window (5 latents a chunk, 6-chunk window);
 - AnyFlow's ``delta_embedding`` (a copy of ``time_embedder``) for the endpoint r.
 
 H3 time is reversed: t = 1 is clean (x_t = t x0 + (1 - t) eps); timesteps are in [0, 1].
@@ -28,7 +30,7 @@ from solar.config.families import Dims
 from solar.models.attention import TokenMask, build_attention
 from solar.models.h3 import layout as L
 from solar.models.prope import CameraMatrices, apply_rows, camera_matrices
-from solar.models.sequence_parallel import SPGroup, frame_splits, gather_frames, ulysses
+from solar.models.sequence_parallel import HeadExchange, SPGroup, frame_splits, gather_frames
 from solar.models.wan.model import MLP2, timestep_sinusoid
 
 
@@ -175,6 +177,7 @@ class _Rows:
     cams: CameraMatrices | None
     mask: TokenMask | None
     attend: object
+    exchange: HeadExchange | None = None   # Ulysses SP: attention runs on this rank's heads, all rows
 
 
 @dataclass
@@ -196,6 +199,27 @@ class KVCache:
     audio_timestep: torch.Tensor | None = None
 
 
+@dataclass
+class TeacherContext:
+    """The rows ``[text | anchor | audio | clean]`` of a teacher-forcing sequence, run once: every
+    layer's keys/values of them (in ``prefix_k``/``prefix_v``). None of these rows depends on the
+    noisy rows: by the mask rule (``TokenMask``) prefix rows see only prefix rows and clean rows only
+    prefix rows and clean chunks; a row's modulation and output norm come from its own time group
+    (text 1, anchor ``anchor_timestep``, audio the given time, clean 1; r = t for all four, only the
+    noisy groups take r_timestep); positions and camera frames come from the layout. So forwards
+    with the same clean latents, prompt, anchor, audio, audio time and cameras see exactly these,
+    and one without grad given this context runs the noisy rows alone. Under Ulysses SP each rank
+    keeps its heads of every context row (the layout attention sees after the exchange)."""
+
+    cache: KVCache
+    layout: L.Layout                   # the whole teacher-forcing layout, on the device
+    mask: TokenMask                    # the teacher-forcing rule, queries = the noisy rows
+    shape: tuple[int, int, int]        # frames, height, width of the clean (and noisy) latents
+    audio_timestep: object
+    dtype: torch.dtype                 # the rows' dtype (the noisy rows are cast to it)
+    sp: tuple[int, int] = (0, 1)       # (rank, size) of the SP group it was built in
+
+
 class Block(nn.Module):
     def __init__(self, d: Dims, cfg: H3Config) -> None:
         super().__init__()
@@ -214,18 +238,22 @@ class Block(nn.Module):
             k = apply_rows(k, rows.cams.key, rows.camera_frame, self.prope_start)
             v = apply_rows(v, rows.cams.key, rows.camera_frame, self.prope_start)
         q, k, v = (t.transpose(1, 2) for t in (q, k, v))
+        if rows.exchange is not None:  # [B, H/sp, S_all, D], the layout a teacher context keeps
+            q, k, v = (rows.exchange.to_heads(t) for t in (q, k, v))
         if layer is None:
             out = rows.attend(q, k, v, rows.mask)
-        elif mode == "prefix":
+        elif mode == "prefix":   # generation's prefix (no mask) or a teacher context's rows
             layer.prefix_k, layer.prefix_v = k, v
-            out = rows.attend(q, k, v, None)
-        else:
+            out = rows.attend(q, k, v, rows.mask)
+        else:                    # generation's chunks (no mask) or a teacher context's noisy rows
             keys = [layer.prefix_k] + ([layer.k] if layer.k is not None else []) + [k]
             values = [layer.prefix_v] + ([layer.v] if layer.v is not None else []) + [v]
-            out = rows.attend(q, torch.cat(keys, 2), torch.cat(values, 2), None)
+            out = rows.attend(q, torch.cat(keys, 2), torch.cat(values, 2), rows.mask)
             if mode == "commit":
                 layer.k = k if layer.k is None else torch.cat([layer.k, k], 2)
                 layer.v = v if layer.v is None else torch.cat([layer.v, v], 2)
+        if rows.exchange is not None:
+            out = rows.exchange.to_sequence(out)
         out = out.transpose(1, 2)
         if rows.cams is not None:
             out = apply_rows(out, rows.cams.output, rows.camera_frame, self.prope_start)
@@ -327,24 +355,29 @@ class H3DiT(nn.Module):
         return rows
 
     def _stack(self, x: torch.Tensor, temb: torch.Tensor, rows: L.RowSlice, cams, mask,
-               cache: KVCache | None = None, mode: str = "full") -> torch.Tensor:
+               cache: KVCache | None = None, mode: str = "full", sharded: bool = False):
         """Blocks, output norm and both heads over the given rows -> (video rows, audio rows) outputs
-        for every row; SP splits the rows when enabled (heads run locally, then rows are gathered)."""
+        for every row ((None, None) in mode ``prefix``: a run kept for its keys/values); SP splits the
+        rows when enabled (heads run locally, then rows are gathered). With a cache only a teacher
+        context's runs (``sharded``) split; generation runs whole on every rank."""
         adaln = rows.groups * L.MODALITIES + rows.tags
         group_of_row, camera_frame, positions = rows.groups, rows.camera_frame, rows.positions
         attend = self.attention_fn()
-        sp = self.sp if cache is None else None
+        sp = self.sp if cache is None or sharded else None
+        exchange = None
         if sp is not None:
             splits = frame_splits(x.shape[1], sp.size)  # near-even contiguous row runs
             lo = sum(splits[: sp.rank])
             hi = lo + splits[sp.rank]
             x, adaln, group_of_row = x[:, lo:hi], adaln[lo:hi], group_of_row[lo:hi]
             camera_frame, positions = camera_frame[lo:hi], positions[lo:hi]
-            attend = ulysses(attend, sp, lambda: splits)
+            exchange = HeadExchange(sp, splits)
         cos, sin = rope_tables(positions, self.cfg.rope_freq_dim, self.cfg.rope_theta)
-        step = _Rows(temb, adaln, cos, sin, camera_frame, cams, mask, attend)
+        step = _Rows(temb, adaln, cos, sin, camera_frame, cams, mask, attend, exchange)
         for i, block in enumerate(self.transformer_blocks):
             x = block(x, step, None if cache is None else cache.layers[i], mode)
+        if mode == "prefix":
+            return None, None
         out = self.norm_out(x, temb, group_of_row)
         video = self.proj_out(out.to(self.proj_out.weight.dtype))
         audio = self.audio_proj_out(out.to(self.audio_proj_out.weight.dtype))
@@ -387,10 +420,70 @@ class H3DiT(nn.Module):
 
     def forward_teacher_forcing(self, clean: torch.Tensor, noisy: torch.Tensor, timestep, prompt_embeds, *,
                                 anchor=None, audio=None, audio_timestep=None, cameras=None, r_timestep=None,
-                                return_audio: bool = False):
-        """``[text | anchor | audio | clean | noisy]`` with the chunked mask; predicts the noisy frames."""
+                                return_audio: bool = False, context: TeacherContext | None = None):
+        """``[text | anchor | audio | clean | noisy]`` with the chunked mask; predicts the noisy frames.
+        With ``context`` (``teacher_context`` of the same clean latents, prompt, anchor, audio, audio
+        time and cameras) only the noisy rows run, against the context's keys/values: the same
+        prediction."""
+        if context is not None:
+            return self._noisy_rows(noisy, timestep, context, cameras, r_timestep, return_audio)
         return self._full(clean, noisy, timestep, prompt_embeds, anchor, audio, audio_timestep, 1.0,
                           cameras, r_timestep, return_audio)
+
+    @torch.no_grad()
+    def teacher_context(self, clean: torch.Tensor, prompt_embeds: torch.Tensor, *, anchor=None, audio=None,
+                        audio_timestep=None, cameras=None) -> TeacherContext:
+        """Run the rows ``[text | anchor | audio | clean]`` of the teacher-forcing sequence once (without
+        grad) and keep what the noisy rows read from them. Under SP every rank of the group calls it
+        with the same inputs, as for the full forward."""
+        B, _, frames, H, W = clean.shape
+        device = clean.device
+        audio_t = 1.0 if audio_timestep is None else audio_timestep
+        lay = self._layout(prompt_embeds, frames, H, W, audio, anchor, True, device)
+        pieces = self._prefix_rows(prompt_embeds, anchor, audio)
+        pieces.append(self.proj_in(self.patchify(clean)).to(pieces[0].dtype))
+        hidden = torch.cat(pieces, dim=1)
+        rows = lay.noisy.start   # the context rows come first
+        # the noisy groups' times: no context row reads them
+        t_groups, r_groups = self._groups(B, frames, torch.ones(B, frames, device=device), None, 1.0, audio_t, device)
+        window = self.cfg.max_prior_clean_chunks
+        cache = KVCache([LayerCache() for _ in self.transformer_blocks], prompt_embeds.shape[1],
+                        L.frame_grid(H, W, self.cfg.dims.patch_size)[0], window)
+        self._stack(hidden, self.time_embedding(t_groups, r_groups), lay.slice_rows(slice(0, rows)),
+                    self._cams(cameras, frames, B), TokenMask(lay.kinds[:rows], lay.chunks[:rows], window), cache,
+                    "prefix", sharded=True)
+        full = TokenMask(lay.kinds, lay.chunks, window)
+        return TeacherContext(cache, lay, full.queries_from(rows), (frames, H, W), audio_t, hidden.dtype,
+                              _sp_place(self.sp))
+
+    def _noisy_rows(self, x, timestep, context: TeacherContext, cameras, r_timestep, return_audio: bool):
+        if torch.is_grad_enabled():
+            raise ValueError("a teacher-forcing context serves forwards without grad (the context rows' "
+                             "gradients would be lost)")
+        if return_audio:
+            raise ValueError("the audio rows' outputs come from the whole teacher-forcing sequence; call "
+                             "without the context for return_audio")
+        B, _, frames, H, W = x.shape
+        if (frames, H, W) != context.shape:
+            raise ValueError(f"the teacher-forcing context holds latents of (frames, height, width) {context.shape}, "
+                             f"got {(frames, H, W)}")
+        if context.sp != _sp_place(self.sp):
+            raise ValueError(f"the teacher-forcing context was built as sequence-parallel rank/size {context.sp}, "
+                             f"this forward runs as {_sp_place(self.sp)}")
+        device = x.device
+        t = self._frame_time(timestep, B, frames, device)
+        r = None if r_timestep is None else self._frame_time(r_timestep, B, frames, device)
+        lay = context.layout
+        hidden = self.proj_in(self.patchify(x)).to(context.dtype)
+        t_groups, r_groups = self._groups(B, frames, t, r, 1.0, context.audio_timestep, device)
+        video, _ = self._stack(hidden, self.time_embedding(t_groups, r_groups), lay.slice_rows(lay.noisy),
+                               self._cams(cameras, frames, B), context.mask, context.cache, "chunk", sharded=True)
+        return self.unpatchify(video, frames, H, W)
+
+    def _layout(self, prompt_embeds, frames: int, H: int, W: int, audio, anchor, tf: bool, device) -> L.Layout:
+        return _to(L.build(text_tokens=prompt_embeds.shape[1], frames=frames, height=H, width=W,
+                           audio_latents=0 if audio is None else audio.shape[2], patch=self.cfg.dims.patch_size,
+                           teacher_forcing=tf, chunk=self.cfg.chunk_latents, anchor=anchor is not None), device)
 
     def _full(self, clean, x, timestep, prompt_embeds, anchor, audio, audio_timestep, text_timestep,
               cameras, r_timestep, return_audio):
@@ -402,11 +495,7 @@ class H3DiT(nn.Module):
         default_t = t[:, 0] if not tf else 1.0
         text_t = default_t if text_timestep is None else text_timestep
         audio_t = default_t if audio_timestep is None else audio_timestep
-        ph, pw = self.cfg.dims.patch_size[1:]
-        lay = L.build(text_tokens=prompt_embeds.shape[1], frames=frames, height=H, width=W,
-                      audio_latents=0 if audio is None else audio.shape[2], patch=self.cfg.dims.patch_size,
-                      teacher_forcing=tf, chunk=self.cfg.chunk_latents, anchor=anchor is not None)
-        lay = _to(lay, device)
+        lay = self._layout(prompt_embeds, frames, H, W, audio, anchor, tf, device)
         pieces = self._prefix_rows(prompt_embeds, anchor, audio)
         if tf:
             pieces.append(self.proj_in(self.patchify(clean)).to(pieces[0].dtype))
@@ -482,3 +571,7 @@ def _to(lay: L.Layout, device) -> L.Layout:
 
     return replace(lay, positions=lay.positions.to(device), tags=lay.tags.to(device), groups=lay.groups.to(device),
                    camera_frame=lay.camera_frame.to(device), kinds=lay.kinds.to(device), chunks=lay.chunks.to(device))
+
+
+def _sp_place(sp: SPGroup | None) -> tuple[int, int]:
+    return (0, 1) if sp is None else (sp.rank, sp.size)

@@ -31,7 +31,7 @@ from solar.config.families import Dims
 from solar.models.attention import TokenMask, build_attention, clean_mask, teacher_forcing_mask
 from solar.models.prope import CameraMatrices, apply_blocks, camera_matrices
 from solar.models.rope import apply_rope, rope_tables
-from solar.models.sequence_parallel import SPGroup, frame_splits, gather_frames, ulysses
+from solar.models.sequence_parallel import HeadExchange, SPGroup, frame_splits, gather_frames
 
 
 @dataclass(frozen=True)
@@ -210,12 +210,15 @@ class TeacherContext:
     """The clean half of a teacher-forcing sequence, run once: its per-layer keys/values (and the
     prompt's cross-attention keys/values). The clean half (t = r = 0) attends only to clean tokens,
     so forwards over ``[clean | noisy]`` with the same clean latents, prompt and cameras see exactly
-    these; a forward without grad given this context runs the noisy half alone."""
+    these; a forward without grad given this context runs the noisy half alone. Under Ulysses SP
+    each rank keeps its heads of every clean token (the layout attention sees after the exchange),
+    so a rank's noisy frames, once exchanged, attend to them as the full sequence would."""
 
     cache: KVCache                     # its tokens_per_frame: the clean half's
     frames: int
     with_r: bool                       # built for calls that pass r_timestep (AnyFlow) or not
     mask: TokenMask                    # the teacher-forcing rule, queries = the noisy half
+    sp: tuple[int, int] = (0, 1)       # (rank, size) of the SP group it was built in
 
 
 @dataclass
@@ -232,6 +235,7 @@ class _Step:
     cache: KVCache | None = None
     commit: bool = False
     ring: ChunkCache | None = None     # chunk generation: write the slot, attend to the ring's prefix
+    exchange: HeadExchange | None = None   # Ulysses SP: attention runs on this rank's heads, all tokens
 
 
 class Block(nn.Module):
@@ -272,6 +276,8 @@ class Block(nn.Module):
             k = apply_blocks(k, step.cams.key, n, self.prope_start)
             v = apply_blocks(v, step.cams.key, n, self.prope_start)
         q, k, v = (t.transpose(1, 2) for t in (q, k, v))  # [B, H, S, D]
+        if step.exchange is not None:  # [B, H/sp, S_all, D], the layout a teacher context keeps
+            q, k, v = (step.exchange.to_heads(t) for t in (q, k, v))
         if step.ring is not None:
             if step.ring.first:  # chunk 0 (each of its calls) allocates the rings, in the projections' dtype
                 shape = (k.shape[0], k.shape[1], step.ring.capacity, k.shape[3])
@@ -288,6 +294,8 @@ class Block(nn.Module):
                 layer.k, layer.v = keys, values
         else:
             out = step.attend(q, k, v, step.mask)
+        if step.exchange is not None:
+            out = step.exchange.to_sequence(out)
         out = out.transpose(1, 2)  # [B, S, H, D]
         if step.cams is not None:
             out = apply_blocks(out, step.cams.output, n, self.prope_start)
@@ -404,8 +412,10 @@ class WanDiT(nn.Module):
     def _run(self, tokens: torch.Tensor, context: torch.Tensor, *, t_BF: torch.Tensor,
              r_BF: torch.Tensor | None, positions: torch.Tensor, grid_hw: tuple[int, int],
              cams: CameraMatrices | None, mask: TokenMask | None, cache: KVCache | ChunkCache | None = None,
-             commit: bool = False) -> torch.Tensor:
-        """Blocks over a token run of whole frames; returns final-normed, projected tokens."""
+             commit: bool = False, head: bool = True) -> torch.Tensor | None:
+        """Blocks over a token run of whole frames; returns final-normed, projected tokens (None
+        without ``head``: a run kept only for its keys/values). Under SP each rank runs its own
+        frames; a ``KVCache`` then holds this rank's heads of every token (``HeadExchange``)."""
         h, w = grid_hw
         n = h * w
         frames = positions.numel()
@@ -414,22 +424,24 @@ class WanDiT(nn.Module):
         mod = emb.time_proj(F.silu(temb)).unflatten(-1, (6, -1))                  # [B, F, 6, D]
         rope_dims = self.cfg.dims.head_dim
         attend = self.attention_fn()
-        sp = self.sp
+        sp, exchange = self.sp, None
         if sp is not None:
-            if cache is not None:
+            if isinstance(cache, ChunkCache):
                 raise ValueError("KV-cache generation runs without sequence parallelism")
             splits = frame_splits(frames, sp.size)
             lo, hi = sp.frame_range(frames)
             tokens, temb, mod, positions = tokens[:, lo * n:hi * n], temb[:, lo:hi], mod[:, lo:hi], positions[lo:hi]
             cams = None if cams is None else cams.select(slice(lo, hi))
-            sizes = [s * n for s in splits]
-            attend = ulysses(attend, sp, lambda: sizes)
+            exchange = HeadExchange(sp, [s * n for s in splits])
         cos, sin = rope_tables(positions, h, w, rope_dims, self.cfg.rope_theta)
         ring = cache if isinstance(cache, ChunkCache) else None
-        step = _Step(mod, cos.to(tokens.device), sin.to(tokens.device), cams, mask, n, attend, cache, commit, ring)
+        step = _Step(mod, cos.to(tokens.device), sin.to(tokens.device), cams, mask, n, attend, cache, commit, ring,
+                     exchange)
         x = tokens
         for i, block in enumerate(self.blocks):
             x = block(x, context, step, None if cache is None else cache.layers[i])
+        if not head:
+            return None
         # 5. Output norm, projection (per-frame modulation by the time embedding)
         shift, scale = (self.scale_shift_table.float()[:, None] + temb.float()[:, :, None]).unbind(dim=2)
         B, S, D = x.shape
@@ -495,9 +507,8 @@ class WanDiT(nn.Module):
                         cameras: torch.Tensor | None = None, with_r: bool = False,
                         condition: torch.Tensor | None = None) -> TeacherContext:
         """Run the clean half of the teacher-forcing sequence once (without grad) and keep what the
-        noisy half reads from it; ``with_r`` for forwards that pass ``r_timestep`` (clean: r = 0)."""
-        if self.sp is not None:
-            raise ValueError("a teacher-forcing context runs without sequence parallelism")
+        noisy half reads from it; ``with_r`` for forwards that pass ``r_timestep`` (clean: r = 0).
+        Under SP every rank of the group calls it with the same inputs, as for the full forward."""
         if condition is not None:
             clean = torch.cat([clean, condition], dim=1)
         tokens, grid = self._patchify(clean)
@@ -509,9 +520,9 @@ class WanDiT(nn.Module):
         self._run(tokens, cache.context, t_BF=zeros, r_BF=zeros if with_r else None,
                   positions=torch.arange(frames, device=clean.device), grid_hw=grid[1:],
                   cams=self._cameras(cameras, frames, B), mask=clean_mask(frames, n, chunk, window, clean.device),
-                  cache=cache, commit=True)
+                  cache=cache, commit=True, head=False)
         full = teacher_forcing_mask(frames, n, chunk, window, device=clean.device)
-        return TeacherContext(cache, frames, with_r, full.queries_from(frames * n))
+        return TeacherContext(cache, frames, with_r, full.queries_from(frames * n), _sp_place(self.sp))
 
     def _noisy_half(self, noisy, timestep, context: TeacherContext, cameras, r_timestep, condition):
         if torch.is_grad_enabled():
@@ -519,6 +530,9 @@ class WanDiT(nn.Module):
                              "gradients would be lost)")
         if (r_timestep is not None) != context.with_r:
             raise ValueError("the teacher-forcing context was built for the other r_timestep convention")
+        if context.sp != _sp_place(self.sp):
+            raise ValueError(f"the teacher-forcing context was built as sequence-parallel rank/size {context.sp}, "
+                             f"this forward runs as {_sp_place(self.sp)}")
         if condition is not None:
             noisy = torch.cat([noisy, condition], dim=1)
         tokens, grid = self._patchify(noisy)
@@ -569,3 +583,7 @@ class WanDiT(nn.Module):
         zeros = torch.zeros(clean.shape[0], device=clean.device)
         r = zeros if self.condition_embedder.delta_embedding is not None else None
         self._chunk(clean, zeros, cache, cameras, r, condition, commit=True)
+
+
+def _sp_place(sp: SPGroup | None) -> tuple[int, int]:
+    return (0, 1) if sp is None else (sp.rank, sp.size)
