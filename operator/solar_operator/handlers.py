@@ -15,14 +15,18 @@ can be started, stopped and started again in one process with fresh handlers (te
 - SolarRun deleted                                             -> forget its plan and unposted Events
                                                                   (its jobs go with it: owner references)
 
-A pass the API server fails (5xx, 429, 409, no answer in time) is retried by kopf after the
-server's Retry-After, else after 1, 2, 4 ... s (capped at a minute): never by sleeping in a worker.
-A job's own events are not retried (the poll is the fallback).
+Every handler is a coroutine: the passes run in the operator's own pool (``dispatch.Dispatcher``,
+``workers`` threads), a job event's pass before queued creates, resumes and spec updates, and those
+before polls, so the pass that starts a finished stage's next job never waits behind the polls of
+all active runs; whether a job event brings anything new is decided on the event loop, before any
+thread is taken. A pass the API server fails (5xx, 429, 409, no answer in time) is retried by kopf
+after the server's Retry-After, else after 1, 2, 4 ... s (capped at a minute): never by sleeping in
+a worker. A job's own events are not retried (the poll is the fallback).
 
-The liveness probe is async: it answers from the event loop at once, never queued behind
-reconciles in kopf's thread pool (``workers`` threads), and says only that the process and its
-loop work. On SIGTERM kopf stops; whatever is still running after ``EXIT_SECONDS`` is killed
-(every write is one API call, so nothing is half-written; the next start resumes from the status).
+The liveness probe answers from the event loop at once, never queued behind reconciles, and says
+only that the process and its loop work. On SIGTERM kopf stops; whatever is still running after
+``EXIT_SECONDS`` is killed (every write is one API call, so nothing is half-written; the next start
+resumes from the status).
 """
 
 from __future__ import annotations
@@ -33,12 +37,13 @@ import kopf
 
 from solar.run.spec import GROUP, PLURAL, VERSION
 from solar_operator import errors, metrics, trainjobs
+from solar_operator.dispatch import CHANGE, JOB, POLL, Dispatcher
 from solar_operator.jobs import RUN_LABEL
 from solar_operator.kube import JOB_GROUP, JOB_PLURAL, JOB_VERSION
 
 FINISHED = ("Succeeded", "Failed")
 EXIT_SECONDS = 4.5   # SIGTERM to exit, at most (kopf's ultimate exiting timeout)
-WORKERS = 8          # kopf's handler threads (--workers, SOLAR_OPERATOR_WORKERS)
+WORKERS = 8          # reconcile threads (--workers, SOLAR_OPERATOR_WORKERS; kopf's own pool too)
 
 
 def _active(status, namespace: str, name: str, memo: kopf.Memo, **_) -> bool:
@@ -50,13 +55,19 @@ def _active(status, namespace: str, name: str, memo: kopf.Memo, **_) -> bool:
     return runs is not None and runs.pending_events(namespace, name) > 0
 
 
-def _reconcile(memo: kopf.Memo, namespace: str, name: str, handler: str, retry: int) -> None:
+async def _reconcile(pool: Dispatcher, priority: int, memo: kopf.Memo, namespace: str, name: str, handler: str,
+                     retry: int, stopped=None) -> None:
     """A pass the API server failed is retried by kopf after the server's Retry-After, else after a
     backoff that doubles with each failed try of this handler (errors.backoff)."""
     try:
-        memo.runs.reconcile(namespace, name, handler)
+        await pool.run(priority, memo.runs.reconcile, namespace, name, handler, stopped=stopped)
     except errors.ApiUnavailable as exc:
         raise errors.backoff(exc, retry) from None
+
+
+async def _job_changed(pool: Dispatcher, memo: kopf.Memo, namespace: str, run: str, job: str, meta) -> None:
+    if not memo.runs.unchanged(namespace, run, job, meta.get("resourceVersion")):
+        await pool.run(JOB, memo.runs.reconcile, namespace, run, "job")
 
 
 def configure(settings: kopf.OperatorSettings) -> None:
@@ -73,49 +84,56 @@ def register(registry: kopf.OperatorRegistry, *, poll_seconds: float = 10.0, wor
              exit_seconds: float | None = None, backends: tuple[str, ...] = ("PyTorchJob", "TrainJob")) -> None:
     """``exit_seconds``: the SIGTERM-to-exit bound (``solar-operator`` passes ``EXIT_SECONDS``; an
     operator embedded in another process, as in the tests, leaves kopf's setting alone)."""
+    pool = Dispatcher(workers)
+
     @kopf.on.startup(id="solar-settings", registry=registry)
     def startup(settings: kopf.OperatorSettings, **_) -> None:
         configure(settings)
         settings.execution.max_workers = workers
+        settings.background.instant_exit_timeout = 0.5   # a deleted run's poll returns at once (dispatch.run)
         if exit_seconds is not None:
             settings.process.ultimate_exiting_timeout = exit_seconds
         metrics.RUNS.clear()  # a restarted operator in the same process re-learns runs from its watch
 
+    @kopf.on.cleanup(id="solar-pool", registry=registry)
+    async def cleanup(**_) -> None:
+        pool.stop()
+
     @kopf.on.create(GROUP, VERSION, PLURAL, id="run-created", registry=registry)
-    def created(namespace: str, name: str, memo: kopf.Memo, retry: int, **_) -> None:
-        _reconcile(memo, namespace, name, "create", retry)
+    async def created(namespace: str, name: str, memo: kopf.Memo, retry: int, **_) -> None:
+        await _reconcile(pool, CHANGE, memo, namespace, name, "create", retry)
 
     @kopf.on.resume(GROUP, VERSION, PLURAL, id="run-resumed", registry=registry)
-    def resumed(namespace: str, name: str, memo: kopf.Memo, retry: int, **_) -> None:
-        _reconcile(memo, namespace, name, "resume", retry)
+    async def resumed(namespace: str, name: str, memo: kopf.Memo, retry: int, **_) -> None:
+        await _reconcile(pool, CHANGE, memo, namespace, name, "resume", retry)
 
     @kopf.on.update(GROUP, VERSION, PLURAL, field="spec", id="run-updated", registry=registry)
-    def updated(namespace: str, name: str, memo: kopf.Memo, retry: int, **_) -> None:
-        _reconcile(memo, namespace, name, "update", retry)
+    async def updated(namespace: str, name: str, memo: kopf.Memo, retry: int, **_) -> None:
+        await _reconcile(pool, CHANGE, memo, namespace, name, "update", retry)
 
     @kopf.timer(GROUP, VERSION, PLURAL, interval=poll_seconds, id="run-poll", when=_active, registry=registry)
-    def poll(namespace: str, name: str, memo: kopf.Memo, retry: int, **_) -> None:
-        _reconcile(memo, namespace, name, "poll", retry)
+    async def poll(namespace: str, name: str, memo: kopf.Memo, retry: int, stopped, **_) -> None:
+        await _reconcile(pool, POLL, memo, namespace, name, "poll", retry, stopped)
 
     @kopf.on.delete(GROUP, VERSION, PLURAL, id="run-deleted", optional=True, registry=registry)
-    def deleted(namespace: str, name: str, uid: str, memo: kopf.Memo, **_) -> None:
+    async def deleted(namespace: str, name: str, uid: str, memo: kopf.Memo, **_) -> None:  # no I/O
         memo.runs.forget(namespace, name, uid)
 
     @kopf.on.event(GROUP, VERSION, PLURAL, id="run-metrics", registry=registry)
-    def observed(namespace: str, name: str, status, type: str | None, **_) -> None:  # noqa: A002 (kopf's name)
+    async def observed(namespace: str, name: str, status, type: str | None, **_) -> None:  # noqa: A002 (no I/O)
         metrics.RUNS.record(namespace, name, dict(status or {}), deleted=type == "DELETED")
 
     if "PyTorchJob" in backends:
         @kopf.on.event(JOB_GROUP, JOB_VERSION, JOB_PLURAL, labels={RUN_LABEL: kopf.PRESENT}, id="job-changed",
                        registry=registry)
-        def job_changed(namespace: str, name: str, labels, meta, memo: kopf.Memo, **_) -> None:
-            memo.runs.job_changed(namespace, labels[RUN_LABEL], name, meta.get("resourceVersion"))
+        async def job_changed(namespace: str, name: str, labels, meta, memo: kopf.Memo, **_) -> None:
+            await _job_changed(pool, memo, namespace, labels[RUN_LABEL], name, meta)
 
     if "TrainJob" in backends:
         @kopf.on.event(trainjobs.GROUP, trainjobs.VERSION, trainjobs.PLURAL, labels={RUN_LABEL: kopf.PRESENT},
                        id="trainjob-changed", registry=registry)
-        def trainjob_changed(namespace: str, name: str, labels, meta, memo: kopf.Memo, **_) -> None:
-            memo.runs.job_changed(namespace, labels[RUN_LABEL], name, meta.get("resourceVersion"))
+        async def trainjob_changed(namespace: str, name: str, labels, meta, memo: kopf.Memo, **_) -> None:
+            await _job_changed(pool, memo, namespace, labels[RUN_LABEL], name, meta)
 
     @kopf.on.probe(id="runs", registry=registry)
     async def runs_known(**_) -> int:  # async: answered by the event loop, not queued in the thread pool

@@ -89,12 +89,18 @@ class Reconciler:
     def job_changed(self, namespace: str, name: str, job: str, version: str | None) -> machine.Decision | None:
         """A job of the run changed: reconcile, unless the run's last successful pass already saw this
         very version of it (a failed pass records nothing, so its trigger is never skipped)."""
+        if self.unchanged(namespace, name, job, version):
+            return None
+        return self.reconcile(namespace, name, "job")
+
+    def unchanged(self, namespace: str, name: str, job: str, version: str | None) -> bool:
+        """Whether the run's last successful pass saw this very version of the job (counted when so);
+        no I/O, so the event loop may ask before handing a pass to the pool."""
         with self._guard:
             unchanged = version is not None and self._seen.get((namespace, name), {}).get(job) == version
         if unchanged:
             metrics.RECONCILE.labels(handler="job", result="unchanged").inc()
-            return None
-        return self.reconcile(namespace, name, "job")
+        return unchanged
 
     def reconcile(self, namespace: str, name: str, handler: str) -> machine.Decision | None:
         """Reconcile the run now, or, when a reconcile of it is in flight, have that one run again
