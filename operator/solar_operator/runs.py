@@ -77,12 +77,16 @@ class Reconciler:
         # run -> {job: resourceVersion} its last successful pass saw: a job event that brings nothing
         # newer (kopf's listing after a start or a broken watch) needs no pass of its own
         self._seen: dict[tuple[str, str], dict[str, str | None]] = {}
+        # run -> {job: resourceVersion} the pass in flight created: its own ADDED event, arriving while
+        # that pass still writes the status, needs no second pass (the creating pass decided with it)
+        self._created: dict[tuple[str, str], dict[str, str]] = {}
 
     def forget(self, namespace: str, name: str, uid: str | None) -> None:
         """A deleted run: drop its cached plan and the Events it can no longer receive."""
         with self._guard:
             self._plans.pop(uid, None)
             self._seen.pop((namespace, name), None)
+            self._created.pop((namespace, name), None)
             for _ in self._events.pop((namespace, name), []):
                 metrics.EVENTS.labels(result="dropped").inc()
 
@@ -97,7 +101,9 @@ class Reconciler:
         """Whether the run's last successful pass saw this very version of the job (counted when so);
         no I/O, so the event loop may ask before handing a pass to the pool."""
         with self._guard:
-            unchanged = version is not None and self._seen.get((namespace, name), {}).get(job) == version
+            key = (namespace, name)
+            unchanged = version is not None and version in (self._seen.get(key, {}).get(job),
+                                                            self._created.get(key, {}).get(job))
         if unchanged:
             metrics.RECONCILE.labels(handler="job", result="unchanged").inc()
         return unchanged
@@ -124,6 +130,7 @@ class Reconciler:
             with self._guard:
                 self._running.discard(key)
                 self._again.pop(key, None)  # a failed pass is retried by kopf (or the next poll) as a whole
+                self._created.pop(key, None)
 
     # -- one pass ---------------------------------------------------------------------------------
     def _plan(self, uid: str, generation: int, spec: SolarRunSpec) -> RunPlan | RunInvalid:
@@ -191,7 +198,8 @@ class Reconciler:
         decision = acted
         self._announce(run, spec, plan, decision)
         with self._guard:
-            self._seen[(namespace, name)] = {job.name: job.version for job in jobs.values()}
+            key = (namespace, name)
+            self._seen[key] = {job.name: job.version for job in jobs.values()} | self._created.pop(key, {})
         return decision
 
     def _announce(self, run: dict, spec, plan, decision: machine.Decision) -> None:
@@ -270,6 +278,10 @@ class Reconciler:
                 failed.events[:0] = decision.events
                 failed.transitions[:0] = decision.transitions
                 return failed
+            if isinstance(created, str):
+                with self._guard:
+                    self._created.setdefault((run["metadata"]["namespace"], run["metadata"]["name"]),
+                                             {})[action.job] = created
             log.info(f"{run['metadata']['namespace']}/{run['metadata']['name']}: job {action.job} "
                      f"{'created' if created else 'already exists'}")
         return decision

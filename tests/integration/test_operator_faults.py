@@ -234,6 +234,34 @@ def test_a_job_event_bringing_nothing_new_needs_no_pass_and_a_failed_pass_skips_
     assert len(gets.seen) == seen + 1
 
 
+def test_the_job_a_pass_created_needs_no_pass_of_its_own(world):  # noqa: F811
+    """The new job's first event arrives while the pass that created it still writes the status: it
+    brings nothing that pass did not decide with, so it is neither reconciled nor coalesced into a
+    second pass, then or later."""
+    from solar_operator.main import reconciler
+
+    r = reconciler(world.storage, url=world.cluster.url)
+    world.apply(_run("fresh"))
+    gets = Refuse("GET", "/solarruns/fresh", times=0)
+    world.cluster.emulator.faults.append(gets)
+    in_flight, write = [], r.kube.patch_run_status
+
+    def patch(namespace, name, status_patch):
+        version = world.jobs()["fresh-fm"]["metadata"]["resourceVersion"]
+        in_flight.append((version, r.job_changed(namespace, name, "fresh-fm", version)))
+        return write(namespace, name, status_patch)
+
+    r.kube.patch_run_status = patch
+    assert r.reconcile(world.namespace, "fresh", "create") is not None
+    r.kube.patch_run_status = write
+    assert len(in_flight) == 1 and in_flight[0][1] is None
+    assert len(gets.seen) == 1   # the creating pass alone: no coalesced second pass
+    assert r.job_changed(world.namespace, "fresh", "fresh-fm", in_flight[0][0]) is None and len(gets.seen) == 1
+    world.set_job("fresh-fm", "Running")
+    newer = world.jobs()["fresh-fm"]["metadata"]["resourceVersion"]
+    assert r.job_changed(world.namespace, "fresh", "fresh-fm", newer) is not None and len(gets.seen) == 2
+
+
 def test_a_final_verdict_is_written_before_its_job_goes_and_a_refused_write_never_retries(world):  # noqa: F811
     """ProgressDeadlineExceeded deletes the silent job: the verdict is written first, listing the job
     in ``status.jobsToDelete``. Its write refused: nothing is deleted. Its delete refused: the
