@@ -77,8 +77,9 @@ class Reconciler:
         # run -> {job: resourceVersion} its last successful pass saw: a job event that brings nothing
         # newer (kopf's listing after a start or a broken watch) needs no pass of its own
         self._seen: dict[tuple[str, str], dict[str, str | None]] = {}
-        # run -> {job: resourceVersion} the pass in flight created: its own ADDED event, arriving while
-        # that pass still writes the status, needs no second pass (the creating pass decided with it)
+        # run -> {job: resourceVersion} the pass in flight created; counted as seen once that pass
+        # succeeds (an event of the job arriving while it runs is still coalesced into one more pass: a
+        # failed pass must leave a trigger behind, kopf's own retry of it can be lost)
         self._created: dict[tuple[str, str], dict[str, str]] = {}
 
     def forget(self, namespace: str, name: str, uid: str | None) -> None:
@@ -102,8 +103,7 @@ class Reconciler:
         no I/O, so the event loop may ask before handing a pass to the pool."""
         with self._guard:
             key = (namespace, name)
-            unchanged = version is not None and version in (self._seen.get(key, {}).get(job),
-                                                            self._created.get(key, {}).get(job))
+            unchanged = version is not None and self._seen.get(key, {}).get(job) == version
         if unchanged:
             metrics.RECONCILE.labels(handler="job", result="unchanged").inc()
         return unchanged
