@@ -7,8 +7,9 @@ from __future__ import annotations
 import pytest
 import torch
 
-from tests.unit.models.test_lora_roles import \
-    test_each_role_computes_as_its_own_model_and_trains_only_its_adapter as each_role_as_its_own_model
+from tests.unit.models.test_lora_roles import (
+    test_each_role_computes_as_its_own_model_and_trains_only_its_adapter as each_role_as_its_own_model,
+)
 
 pytestmark = [pytest.mark.gpu, pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")]
 

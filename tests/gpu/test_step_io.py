@@ -10,11 +10,11 @@ import pytest
 import torch
 
 from solar.config.resolve import resolve_file
-from solar.launch.batch import Batch, to_device
+from solar.launch.batch import Batch, host_noise, to_device
 from solar.models.registry import model_from_config
 from solar.objectives import fm
 from solar.train.engine import read_records
-from solar.train.fm_step import _noise, fm_loss
+from solar.train.fm_step import fm_loss
 from tests.conftest import CONFIGS
 
 pytestmark = [pytest.mark.gpu, pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")]
@@ -24,7 +24,7 @@ CONFIG = CONFIGS / "tiny" / "wan22_ti2v_5b" / "train_stage0p5_fm_81f.yaml"
 def test_noise_and_batch_reach_the_gpu_with_the_host_values():
     shape = (2, 48, 21, 44, 80)  # one released-shape clip's latents, twice
     host = torch.randn(shape, generator=fm.step_generator(42, 3, 0, 0))
-    on_gpu = _noise(shape, fm.step_generator(42, 3, 0, 0), torch.device("cuda"))
+    on_gpu = host_noise(shape, fm.step_generator(42, 3, 0, 0), torch.device("cuda"))
     assert on_gpu.is_cuda and torch.equal(on_gpu.cpu(), host)
     t = torch.randn(4, 512, 64)
     moved = to_device(t, "cuda")

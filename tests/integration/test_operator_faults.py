@@ -68,8 +68,13 @@ def test_a_job_create_refused_with_429_waits_for_retry_after(world):  # noqa: F8
         world.apply(_run("busy"))
         job = world.wait_job("busy-fm", timeout=30)
     assert job and len(refuse.seen) >= 3
-    gaps = [b - a for a, b in zip(refuse.seen, refuse.seen[1:3])]
-    assert all(gap >= 0.9 for gap in gaps), gaps  # kopf re-ran the handler after the server's Retry-After
+    # Two triggers of the run (its creation and the first poll) may each try once at the start, one
+    # right after the other; every retry after a refusal comes after the server's Retry-After.
+    bursts = [[refuse.seen[0]]]
+    for t in refuse.seen[1:]:
+        (bursts[-1].append(t) if t - bursts[-1][-1] < 0.2 else bursts.append([t]))
+    assert len(bursts) >= 2 and all(len(b) <= 2 for b in bursts), bursts
+    assert all(b[0] - a[-1] >= 0.9 for a, b in zip(bursts, bursts[1:])), bursts
     assert sorted(world.jobs()) == ["busy-fm"]  # one job, however many tries
 
 

@@ -4,12 +4,17 @@ shape of a refusal (exit 2, nothing on stdout, one line, no traceback, nothing w
 from __future__ import annotations
 
 
-def refused_line(cli, path, sets: list[str], tmp_path) -> str:
+def resolve(cli, path, sets: list[str], tmp_path):
+    """``solar config resolve --output tmp_path/resolved.json``: (its result, the output path)."""
     out = tmp_path / "resolved.json"
     argv = ["config", "resolve", "--config", str(path), "--output", str(out)]
     for item in sets:
         argv += ["--set", item]
-    result = cli(*argv)
+    return cli(*argv), out
+
+
+def refused_line(cli, path, sets: list[str], tmp_path) -> str:
+    result, out = resolve(cli, path, sets, tmp_path)
     assert result.code == 2, result.err
     assert result.out == ""
     lines = result.err.splitlines()

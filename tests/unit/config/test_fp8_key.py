@@ -11,7 +11,7 @@ import pytest
 import torch
 
 from tests.conftest import CONFIGS
-from tests.unit.config.refusal import refused_line
+from tests.unit.config.refusal import refused_line, resolve
 
 TINY = CONFIGS / "tiny"
 WAN_FM = TINY / "wan22_ti2v_5b" / "train_stage0p5_fm_81f.yaml"
@@ -19,11 +19,7 @@ BASE = ["data.root=/data", "runtime.output_dir=/out"]
 
 
 def _resolve(cli, path, sets, tmp_path) -> dict:
-    out = tmp_path / "resolved.json"
-    argv = ["config", "resolve", "--config", str(path), "--output", str(out)]
-    for item in sets:
-        argv += ["--set", item]
-    result = cli(*argv)
+    result, out = resolve(cli, path, sets, tmp_path)
     assert result.code == 0, result.err
     return json.loads(out.read_text())
 

@@ -77,7 +77,7 @@ def train(config: str, sets: Sequence[str]) -> int:
     finally:
         if loop is not None and loop.metrics is not None:
             loop.metrics.close()
-        if loop is not None and hasattr(loop.parts.stream, "close"):
+        if loop is not None:
             loop.parts.stream.close()   # the clip read ahead (solar.data.prefetch)
         session.close(status, final=loop.last if loop and loop.last else None,
                       checkpoints=loop.checkpoints if loop else [], validations=loop.validations if loop else [])

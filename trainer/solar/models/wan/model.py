@@ -21,7 +21,7 @@ from __future__ import annotations
 
 import copy
 import math
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
 import torch
 import torch.nn as nn
@@ -135,9 +135,8 @@ class FeedForward(nn.Module):
 
 @dataclass
 class LayerCache:
-    k: torch.Tensor | None = None       # [B, H, S_cache, D] transformed keys of committed chunks
+    k: torch.Tensor | None = None       # [B, H, S, D] transformed keys (a context's, or a ChunkCache ring)
     v: torch.Tensor | None = None
-    frames: list[int] = field(default_factory=list)  # frames per committed chunk (for eviction)
     ctx_k: torch.Tensor | None = None   # cross-attention keys/values of the prompt
     ctx_v: torch.Tensor | None = None
 
@@ -148,15 +147,14 @@ class KVCache:
 
     layers: list[LayerCache]
     context: torch.Tensor              # embedded prompt [B, L, D]
-    window_chunks: int
     tokens_per_frame: int = 0
 
 
 @dataclass
 class ChunkCache:
-    """Chunk-by-chunk generation's keys/values in fixed buffers: each layer's ``k``/``v``
-    [B, H, (W + 1) * m, D] (W = ``window_chunks``, m tokens per chunk) is a ring of W + 1 slots, chunk
-    c in slot c mod (W + 1). A chunk forward writes its own keys and values into its slot and attends
+    """Chunk-by-chunk generation's keys/values in fixed buffers: each layer's ``k``/``v`` holds a
+    ring of W + 1 slots of m tokens (W = ``window_chunks``, m tokens per chunk), chunk c in slot
+    c mod (W + 1). A chunk forward writes its own keys and values into its slot and attends
     to the first ``keys`` positions: while the ring fills, the slots of chunks 0..c (a prefix); once
     it is full, all of it (the W committed chunks of the window and itself: the slot it overwrote
     held the chunk that just left the window). Attention does not depend on the order of its keys,
@@ -166,7 +164,11 @@ class ChunkCache:
     values, which a compiled block handles as one dynamic dimension (two graphs: the first chunk's,
     then the dynamic one) instead of a recompile per cache length and mode (the growing cache hit
     dynamo's recompile limit). The buffers hold one spare slot beyond the ring so that the keys are
-    always a strict prefix (a view of one layout; the whole buffer would be a third graph)."""
+    always a strict prefix (a view of one layout; the whole buffer would be a third graph). Every
+    call for chunk 0 (its forwards and its commit, one graph) allocates them inside the block, in the
+    dtype its projections produce (bf16 under autocast or FSDP2's policy), and computes the prompt's
+    cross-attention keys/values there, where a sharded block's parameters are gathered; later chunks
+    read both."""
 
     layers: list[LayerCache]           # k/v: [B, H, (W + 2) * m, D], the last slot spare
     context: torch.Tensor              # embedded prompt [B, L, D]
@@ -175,7 +177,14 @@ class ChunkCache:
     tokens_per_frame: int = 0
     committed_frames: int = 0
     keys: int = 0                      # key positions the current chunk attends to (a prefix of the ring)
+    first: bool = True                 # the current chunk is chunk 0
     slot: torch.Tensor | None = None   # [m] token indices of the current chunk's slot
+    positions: torch.Tensor | None = None  # [m] 0..m-1, the slot's offsets
+
+    @property
+    def capacity(self) -> int:
+        """Token positions of each ring buffer: W + 1 slots and the spare."""
+        return (self.window_chunks + 2) * self.chunk_frames * self.tokens_per_frame
 
     def prepare(self, frames: int, tokens_per_frame: int, device: torch.device) -> None:
         """Check the chunk's shape and point ``slot``/``keys`` at the next chunk."""
@@ -187,12 +196,13 @@ class ChunkCache:
                              f"of {tokens_per_frame}")
         m, slots = frames * tokens_per_frame, self.window_chunks + 1
         chunk = self.committed_frames // frames
+        self.first = chunk == 0
         self.keys = (min(chunk, self.window_chunks) + 1) * m
-        slot = torch.arange(m) + (chunk % slots) * m
         if self.slot is None:
-            self.slot = slot.to(device)
-        else:  # in place: a compiled block sees the same tensor every chunk
-            self.slot.copy_(slot)
+            self.slot = torch.arange(m, device=device)
+            self.positions = self.slot.clone()
+        # in place, on the device: a compiled block sees the same tensor every chunk, no host copy
+        torch.add(self.positions, (chunk % slots) * m, out=self.slot)
 
 
 @dataclass
@@ -263,6 +273,9 @@ class Block(nn.Module):
             v = apply_blocks(v, step.cams.key, n, self.prope_start)
         q, k, v = (t.transpose(1, 2) for t in (q, k, v))  # [B, H, S, D]
         if step.ring is not None:
+            if step.ring.first:  # chunk 0 (each of its calls) allocates the rings, in the projections' dtype
+                shape = (k.shape[0], k.shape[1], step.ring.capacity, k.shape[3])
+                layer.k, layer.v = k.new_zeros(shape), v.new_zeros(shape)
             layer.k.index_copy_(2, step.ring.slot, k)
             layer.v.index_copy_(2, step.ring.slot, v)
             keys = step.ring.keys
@@ -280,10 +293,12 @@ class Block(nn.Module):
             out = apply_blocks(out, step.cams.output, n, self.prope_start)
         return a.to_out[0](out.flatten(2))
 
-    def cross_attention(self, h: torch.Tensor, context: torch.Tensor, layer: LayerCache | None) -> torch.Tensor:
+    def cross_attention(self, h: torch.Tensor, context: torch.Tensor, layer: LayerCache | None,
+                        fresh: bool = False) -> torch.Tensor:
+        """``fresh``: compute (and keep) the prompt's keys/values even if the layer holds some."""
         a = self.attn2
         q = a.heads_of(a.rms(a.norm_q, a.to_q(h))).transpose(1, 2)
-        if layer is not None and layer.ctx_k is not None:
+        if layer is not None and not fresh and layer.ctx_k is not None:
             k, v = layer.ctx_k, layer.ctx_v
         else:
             k, v = self.context_kv(context)
@@ -308,7 +323,7 @@ class Block(nn.Module):
         x = self._gated(x, self.self_attention(h, step, layer), gate, n)
         # 2. Cross-attention
         h = self.norm2(x.float()).to(x.dtype)
-        x = x + self.cross_attention(h, context, layer)
+        x = x + self.cross_attention(h, context, layer, fresh=step.ring is not None and step.ring.first)
         # 3. Feed-forward
         h = self._modulate(self.norm3(x.float()), c_shift, c_scale, n).to(x.dtype)
         return self._gated(x, self.ffn(h), c_gate, n)
@@ -489,8 +504,7 @@ class WanDiT(nn.Module):
         B, frames = clean.shape[0], grid[0]
         n = grid[1] * grid[2]
         zeros = torch.zeros(B, frames, device=clean.device)
-        cache = KVCache([LayerCache() for _ in self.blocks], self.condition_embedder.text_embedder(prompt_embeds),
-                        self.cfg.max_prior_clean_chunks, n)
+        cache = KVCache([LayerCache() for _ in self.blocks], self.condition_embedder.text_embedder(prompt_embeds), n)
         chunk, window = self.cfg.chunk_latents, self.cfg.max_prior_clean_chunks
         self._run(tokens, cache.context, t_BF=zeros, r_BF=zeros if with_r else None,
                   positions=torch.arange(frames, device=clean.device), grid_hw=grid[1:],
@@ -524,22 +538,6 @@ class WanDiT(nn.Module):
         return ChunkCache([LayerCache() for _ in self.blocks],
                           self.condition_embedder.text_embedder(prompt_embeds), self.cfg.max_prior_clean_chunks)
 
-    def _fill(self, cache: ChunkCache, tokens: torch.Tensor) -> None:
-        """Allocate the key/value rings and the prompt's cross-attention keys/values on first use,
-        outside the (compiled) blocks, in the dtype the blocks' projections produce."""
-        if cache.layers[0].k is not None:
-            return
-        d = self.cfg.dims
-        device = tokens.device
-        dtype = (torch.get_autocast_dtype(device.type) if torch.is_autocast_enabled(device.type)
-                 else self.proj_out.weight.dtype)
-        shape = (tokens.shape[0], d.num_heads, (cache.window_chunks + 2) * cache.chunk_frames * cache.tokens_per_frame,
-                 d.head_dim)
-        for block, layer in zip(self.blocks, cache.layers):
-            layer.k = torch.zeros(shape, dtype=dtype, device=device)
-            layer.v = torch.zeros(shape, dtype=dtype, device=device)
-            layer.ctx_k, layer.ctx_v = block.context_kv(cache.context)
-
     def _chunk(self, x: torch.Tensor, timestep, cache: ChunkCache, cameras, r_timestep, condition,
                commit: bool) -> torch.Tensor:
         if condition is not None:
@@ -547,7 +545,6 @@ class WanDiT(nn.Module):
         tokens, grid = self._patchify(x)
         B, frames = x.shape[0], grid[0]
         cache.prepare(frames, grid[1] * grid[2], tokens.device)
-        self._fill(cache, tokens)
         t = self._frame_time(timestep, frames, B)
         r = None if r_timestep is None else self._frame_time(r_timestep, frames, B)
         start = cache.committed_frames
