@@ -7,8 +7,7 @@ awaits it (the event loop stays free; kopf still sees the handler's result or er
 before). Lower runs first: ``JOB`` (a job of the run changed), then ``CHANGE`` (created, resumed, spec
 changed), then ``POLL``; FIFO within one priority. ``workers`` threads at most, started on the first
 pass; daemon threads, so a pass still running never holds the process at exit; ``stop`` (kopf's
-cleanup) cancels what has not started, which the next start redoes from the stored status. A poll
-stops waiting for its pass once kopf stops the run's timer (the run is being deleted).
+cleanup) cancels what has not started, which the next start redoes from the stored status.
 """
 
 from __future__ import annotations
@@ -47,24 +46,9 @@ class Dispatcher:
             self._cv.notify()
         return future
 
-    async def run(self, priority: int, fn, *args, stopped=None):
-        """``fn(*args)`` in the pool; its result or its exception. ``stopped`` (kopf's flag of a timer):
-        once it is set, stop waiting and return None (a pass not started is dropped, one running ends
-        in its thread), so that a deleted run's poll never holds back the removal of its finalizer."""
-        future = self.submit(priority, fn, *args)
-        waited = asyncio.wrap_future(future)
-        if stopped is None:
-            return await waited
-        stop = asyncio.ensure_future(stopped.wait())
-        try:
-            done, _ = await asyncio.wait({waited, stop}, return_when=asyncio.FIRST_COMPLETED)
-        finally:
-            stop.cancel()
-        if waited in done:
-            return waited.result()
-        future.cancel()
-        waited.cancel()
-        return None
+    async def run(self, priority: int, fn, *args):
+        """``fn(*args)`` in the pool: its result or its exception."""
+        return await asyncio.wrap_future(self.submit(priority, fn, *args))
 
     def queued(self) -> int:
         with self._cv:

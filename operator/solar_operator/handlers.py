@@ -6,7 +6,8 @@ can be started, stopped and started again in one process with fresh handlers (te
 
 - SolarRun created / resumed at operator start / spec changed -> reconcile
 - every ``poll_seconds`` while the run is not finished        -> reconcile (stage files have no watch)
-  (or its final verdict's ``jobsToDelete`` are not gone)
+  (or its final verdict's ``jobsToDelete`` are not gone)        by ``polling.Poller``, not a kopf timer:
+                                                                  runs carry no finalizer
 - any change of a PyTorchJob or TrainJob labelled with a run  -> reconcile that run (a finished job
                                                                   starts the next stage at once), unless
                                                                   its last pass saw that very version;
@@ -21,7 +22,9 @@ before polls, so the pass that starts a finished stage's next job never waits be
 all active runs; whether a job event brings anything new is decided on the event loop, before any
 thread is taken. A pass the API server fails (5xx, 429, 409, no answer in time) is retried by kopf
 after the server's Retry-After, else after 1, 2, 4 ... s (capped at a minute): never by sleeping in
-a worker. A job's own events are not retried (the poll is the fallback).
+a worker. A job event's pass the server refused is retried by the run's poll, brought forward to
+the server's delay; while a run waits out a Retry-After, no trigger of it starts a pass
+(``Reconciler.reconcile``).
 
 The liveness probe answers from the event loop at once, never queued behind reconciles, and says
 only that the process and its loop work. On SIGTERM kopf stops; whatever is still running after
@@ -31,6 +34,7 @@ resumes from the status).
 
 from __future__ import annotations
 
+import asyncio
 import logging
 
 import kopf
@@ -40,34 +44,52 @@ from solar_operator import errors, metrics, trainjobs
 from solar_operator.dispatch import CHANGE, JOB, POLL, Dispatcher
 from solar_operator.jobs import RUN_LABEL
 from solar_operator.kube import JOB_GROUP, JOB_PLURAL, JOB_VERSION
+from solar_operator.polling import Poller
 
 FINISHED = ("Succeeded", "Failed")
 EXIT_SECONDS = 4.5   # SIGTERM to exit, at most (kopf's ultimate exiting timeout)
 WORKERS = 8          # reconcile threads (--workers, SOLAR_OPERATOR_WORKERS; kopf's own pool too)
 
 
-def _active(status, namespace: str, name: str, memo: kopf.Memo, **_) -> bool:
+def _active(memo: kopf.Memo, namespace: str, name: str, status: dict) -> bool:
     """Polled while the run is not finished, or while its final verdict's job deletes or Events of
     it wait for another try."""
-    if (status or {}).get("phase") not in FINISHED or (status or {}).get("jobsToDelete"):
+    if status.get("phase") not in FINISHED or status.get("jobsToDelete"):
         return True
     runs = getattr(memo, "runs", None)
     return runs is not None and runs.pending_events(namespace, name) > 0
 
 
+def _retry_delay(exc: Exception, retry: int) -> float:
+    if isinstance(exc, errors.ApiUnavailable):
+        return errors.backoff(exc, retry).delay
+    return getattr(exc, "delay", None) or errors.RETRY_DELAY
+
+
 async def _reconcile(pool: Dispatcher, priority: int, memo: kopf.Memo, namespace: str, name: str, handler: str,
-                     retry: int, stopped=None) -> None:
+                     retry: int) -> None:
     """A pass the API server failed is retried by kopf after the server's Retry-After, else after a
     backoff that doubles with each failed try of this handler (errors.backoff)."""
     try:
-        await pool.run(priority, memo.runs.reconcile, namespace, name, handler, stopped=stopped)
+        await pool.run(priority, memo.runs.reconcile, namespace, name, handler)
     except errors.ApiUnavailable as exc:
         raise errors.backoff(exc, retry) from None
 
 
-async def _job_changed(pool: Dispatcher, memo: kopf.Memo, namespace: str, run: str, job: str, meta) -> None:
-    if not memo.runs.unchanged(namespace, run, job, meta.get("resourceVersion")):
+async def _job_changed(pool: Dispatcher, polls: dict, memo: kopf.Memo, namespace: str, run: str, job: str,
+                       meta) -> None:
+    """kopf does not retry a watch event's handler: a pass the server refused is retried by the run's
+    poll, brought forward to the server's Retry-After (else the first backoff)."""
+    if memo.runs.unchanged(namespace, run, job, meta.get("resourceVersion")):
+        return
+    try:
         await pool.run(JOB, memo.runs.reconcile, namespace, run, "job")
+    except errors.ApiUnavailable as exc:
+        poller = polls.get("poller")
+        if poller is not None:
+            poller.soon(namespace, run, _retry_delay(exc, 0))
+        logging.getLogger(__name__).info(f"{namespace}/{run}: a pass for job {job} was refused ({exc}); "
+                                         f"the run's poll retries it")
 
 
 def configure(settings: kopf.OperatorSettings) -> None:
@@ -85,18 +107,28 @@ def register(registry: kopf.OperatorRegistry, *, poll_seconds: float = 10.0, wor
     """``exit_seconds``: the SIGTERM-to-exit bound (``solar-operator`` passes ``EXIT_SECONDS``; an
     operator embedded in another process, as in the tests, leaves kopf's setting alone)."""
     pool = Dispatcher(workers)
+    polls: dict[str, object] = {}   # the poller and its task, made on the operator's event loop at startup
 
     @kopf.on.startup(id="solar-settings", registry=registry)
-    def startup(settings: kopf.OperatorSettings, **_) -> None:
+    async def startup(settings: kopf.OperatorSettings, memo: kopf.Memo, **_) -> None:
         configure(settings)
         settings.execution.max_workers = workers
-        settings.background.instant_exit_timeout = 0.5   # a deleted run's poll returns at once (dispatch.run)
         if exit_seconds is not None:
             settings.process.ultimate_exiting_timeout = exit_seconds
         metrics.RUNS.clear()  # a restarted operator in the same process re-learns runs from its watch
 
+        async def poll(namespace: str, name: str) -> None:
+            await pool.run(POLL, memo.runs.reconcile, namespace, name, "poll")
+
+        poller = Poller(poll_seconds, due=lambda ns, name, status: _active(memo, ns, name, status), poll=poll,
+                        delay=_retry_delay)
+        polls["poller"], polls["task"] = poller, asyncio.ensure_future(poller.run())
+
     @kopf.on.cleanup(id="solar-pool", registry=registry)
     async def cleanup(**_) -> None:
+        task = polls.pop("task", None)
+        if task is not None:
+            task.cancel()
         pool.stop()
 
     @kopf.on.create(GROUP, VERSION, PLURAL, id="run-created", registry=registry)
@@ -111,10 +143,6 @@ def register(registry: kopf.OperatorRegistry, *, poll_seconds: float = 10.0, wor
     async def updated(namespace: str, name: str, memo: kopf.Memo, retry: int, **_) -> None:
         await _reconcile(pool, CHANGE, memo, namespace, name, "update", retry)
 
-    @kopf.timer(GROUP, VERSION, PLURAL, interval=poll_seconds, id="run-poll", when=_active, registry=registry)
-    async def poll(namespace: str, name: str, memo: kopf.Memo, retry: int, stopped, **_) -> None:
-        await _reconcile(pool, POLL, memo, namespace, name, "poll", retry, stopped)
-
     @kopf.on.delete(GROUP, VERSION, PLURAL, id="run-deleted", optional=True, registry=registry)
     async def deleted(namespace: str, name: str, uid: str, memo: kopf.Memo, **_) -> None:  # no I/O
         memo.runs.forget(namespace, name, uid)
@@ -122,18 +150,21 @@ def register(registry: kopf.OperatorRegistry, *, poll_seconds: float = 10.0, wor
     @kopf.on.event(GROUP, VERSION, PLURAL, id="run-metrics", registry=registry)
     async def observed(namespace: str, name: str, status, type: str | None, **_) -> None:  # noqa: A002 (no I/O)
         metrics.RUNS.record(namespace, name, dict(status or {}), deleted=type == "DELETED")
+        poller = polls.get("poller")
+        if poller is not None:
+            poller.seen(namespace, name, status, deleted=type == "DELETED")
 
     if "PyTorchJob" in backends:
         @kopf.on.event(JOB_GROUP, JOB_VERSION, JOB_PLURAL, labels={RUN_LABEL: kopf.PRESENT}, id="job-changed",
                        registry=registry)
         async def job_changed(namespace: str, name: str, labels, meta, memo: kopf.Memo, **_) -> None:
-            await _job_changed(pool, memo, namespace, labels[RUN_LABEL], name, meta)
+            await _job_changed(pool, polls, memo, namespace, labels[RUN_LABEL], name, meta)
 
     if "TrainJob" in backends:
         @kopf.on.event(trainjobs.GROUP, trainjobs.VERSION, trainjobs.PLURAL, labels={RUN_LABEL: kopf.PRESENT},
                        id="trainjob-changed", registry=registry)
         async def trainjob_changed(namespace: str, name: str, labels, meta, memo: kopf.Memo, **_) -> None:
-            await _job_changed(pool, memo, namespace, labels[RUN_LABEL], name, meta)
+            await _job_changed(pool, polls, memo, namespace, labels[RUN_LABEL], name, meta)
 
     @kopf.on.probe(id="runs", registry=registry)
     async def runs_known(**_) -> int:  # async: answered by the event loop, not queued in the thread pool

@@ -81,6 +81,9 @@ class Reconciler:
         # succeeds (an event of the job arriving while it runs is still coalesced into one more pass: a
         # failed pass must leave a trigger behind, kopf's own retry of it can be lost)
         self._created: dict[tuple[str, str], dict[str, str]] = {}
+        # run -> time.monotonic() before which no pass of it starts: the server sent Retry-After to one
+        # of its passes, so every trigger of the run (not only the one kopf retries) waits as asked
+        self._held: dict[tuple[str, str], float] = {}
 
     def forget(self, namespace: str, name: str, uid: str | None) -> None:
         """A deleted run: drop its cached plan and the Events it can no longer receive."""
@@ -88,6 +91,7 @@ class Reconciler:
             self._plans.pop(uid, None)
             self._seen.pop((namespace, name), None)
             self._created.pop((namespace, name), None)
+            self._held.pop((namespace, name), None)
             for _ in self._events.pop((namespace, name), []):
                 metrics.EVENTS.labels(result="dropped").inc()
 
@@ -113,6 +117,11 @@ class Reconciler:
         when it ends (this call returns None at once)."""
         key = (namespace, name)
         with self._guard:
+            wait = self._held.get(key, 0.0) - time.monotonic()
+            if wait > 0:
+                metrics.RECONCILE.labels(handler=handler, result="held").inc()
+                raise errors.ApiUnavailable(f"SolarRun {namespace}/{name}: the API server asked to wait "
+                                            f"{wait:.1f} s more", delay=wait, retry_after=wait)
             if key in self._running:
                 self._again.setdefault(key, handler)
                 metrics.RECONCILE.labels(handler=handler, result="coalesced").inc()
@@ -120,9 +129,16 @@ class Reconciler:
             self._running.add(key)
         try:
             while True:
-                with metrics.timed(handler):
-                    decision = self._reconcile(namespace, name)
+                try:
+                    with metrics.timed(handler):
+                        decision = self._reconcile(namespace, name)
+                except errors.ApiUnavailable as exc:
+                    if exc.retry_after is not None:
+                        with self._guard:
+                            self._held[key] = time.monotonic() + exc.retry_after
+                    raise
                 with self._guard:
+                    self._held.pop(key, None)
                     if key not in self._again:
                         return decision
                     handler = self._again.pop(key)  # the pass the coalesced triggers asked for

@@ -56,36 +56,6 @@ def test_the_pool_never_runs_more_passes_at_once_than_its_workers():
     pool.stop()
 
 
-class _Flag:
-    """kopf's async ``stopped`` flag, as much of it as the pool uses."""
-
-    def __init__(self) -> None:
-        self.event = asyncio.Event()
-
-    def wait(self):
-        return self.event.wait()
-
-
-def test_a_stopped_poll_returns_at_once_and_its_pass_is_dropped():
-    pool = Dispatcher(1)
-    ran: list[str] = []
-    release = _blocked(pool)
-
-    async def scenario():
-        flag = _Flag()
-        waiting = asyncio.ensure_future(pool.run(POLL, ran.append, "poll", stopped=flag))
-        await asyncio.sleep(0.05)
-        assert not waiting.done()   # queued behind the blocked worker
-        flag.event.set()
-        return await asyncio.wait_for(waiting, 2)
-
-    assert asyncio.run(scenario()) is None
-    release.set()
-    pool.submit(JOB, ran.append, "after").result(10)
-    assert ran == ["after"]   # the stopped poll's pass never ran
-    pool.stop()
-
-
 def test_a_pass_error_reaches_the_awaiting_handler_and_stop_cancels_what_is_queued():
     pool = Dispatcher(1)
 
@@ -107,6 +77,6 @@ def test_every_reconciling_handler_is_a_coroutine():
     handlers.register(registry)
     fns = {h.id.split("/")[0]: h.fn for kind in (registry._changing, registry._watching, registry._spawning)
            for h in kind.get_all_handlers()}
-    for id_ in ("run-created", "run-resumed", "run-updated", "run-poll", "run-deleted", "run-metrics",
+    for id_ in ("run-created", "run-resumed", "run-updated", "run-deleted", "run-metrics",
                 "job-changed", "trainjob-changed"):
         assert inspect.iscoroutinefunction(fns[id_]), id_

@@ -1,0 +1,134 @@
+"""The operator's poll of each SolarRun: its own timer, not kopf's.
+
+A kopf timer puts kopf's finalizer on every object it serves and removes it only after the timer
+has stopped, with a patch of its own. When the API server refuses that patch (a 409 after a 500,
+as the chaos bench plays them), kopf gives the event up and the run, which the operator no longer
+writes to, gets no later event: it keeps the finalizer and ``kubectl delete`` waits for good. No
+handler here needs a finalizer (a run's jobs go with it through owner references), so the runs
+carry none, a delete never waits for the operator (running or not), and kopf removes the finalizer
+that older versions left at the next event of each run.
+
+``Poller`` keeps every SolarRun the watch reported (``seen``) and, on the event loop, asks each
+one that ``due`` says needs it for a pass every ``interval`` seconds after its last poll ended (the
+first one ``interval`` to 1.5 x ``interval`` after it was first seen: a run's creation and an
+operator's start reconcile each run at once already, and the spread keeps a restart's polls from
+coming all at once). One poll of a run at a time; a poll the API server failed is tried again after
+the delay ``delay`` gives (Retry-After or a backoff), any other error is logged and the run is polled
+again at the next interval. ``soon`` brings a run's poll forward: a job event's pass, which kopf
+does not retry, that the server refused is retried by the run's next poll after the server's delay.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import heapq
+import itertools
+import logging
+import random
+import time
+from collections.abc import Awaitable, Callable
+
+import kopf
+
+log = logging.getLogger("solar_operator.polling")
+
+Key = tuple[str, str]   # namespace, name
+
+
+class Poller:
+    def __init__(self, interval: float, *, due: Callable[[str, str, dict], bool],
+                 poll: Callable[[str, str], Awaitable[object]], delay: Callable[[Exception, int], float],
+                 clock: Callable[[], float] = time.monotonic, jitter: Callable[[], float] = random.random) -> None:
+        self.interval = interval
+        self._due, self._poll, self._delay = due, poll, delay
+        self._clock, self._jitter = clock, jitter
+        self._status: dict[Key, dict] = {}
+        self._retries: dict[Key, int] = {}
+        self._heap: list[tuple[float, int, Key]] = []
+        self._next: dict[Key, float] = {}      # the one entry of the heap that counts for each run
+        self._seq = itertools.count()
+        self._running: set[Key] = set()
+        self._wake = asyncio.Event()
+
+    # -- fed by the watch (event loop) -----------------------------------------------------------
+    def seen(self, namespace: str, name: str, status: dict | None, *, deleted: bool = False) -> None:
+        key = (namespace, name)
+        if deleted:
+            self._status.pop(key, None)
+            self._next.pop(key, None)
+            self._retries.pop(key, None)
+            return
+        known = key in self._status
+        self._status[key] = dict(status or {})
+        if not known:
+            self._schedule(key, self.interval * (1.0 + 0.5 * self._jitter()))
+
+    def soon(self, namespace: str, name: str, after: float) -> None:
+        """Poll the run within ``after`` seconds (a trigger kopf does not retry met a refusal)."""
+        key = (namespace, name)
+        if key in self._status and self._next.get(key, float("inf")) > self._clock() + after:
+            self._schedule(key, after)
+
+    def scheduled(self, namespace: str, name: str) -> float | None:
+        """Seconds until the run's next poll (None: not known)."""
+        at = self._next.get((namespace, name))
+        return None if at is None else at - self._clock()
+
+    def __len__(self) -> int:
+        return len(self._status)
+
+    def _schedule(self, key: Key, after: float) -> None:
+        at = self._clock() + after
+        self._next[key] = at
+        heapq.heappush(self._heap, (at, next(self._seq), key))
+        self._wake.set()
+
+    # -- the loop --------------------------------------------------------------------------------
+    async def run(self) -> None:
+        """Until cancelled: start each due run's poll as its own task."""
+        tasks: set[asyncio.Task] = set()
+        try:
+            while True:
+                now = self._clock()
+                while self._heap and self._heap[0][0] <= now:
+                    at, _, key = heapq.heappop(self._heap)
+                    if self._next.get(key) != at:
+                        continue   # rescheduled since, or deleted
+                    del self._next[key]
+                    if key in self._running:
+                        continue   # its poll reschedules it when it ends
+                    if not self._due(*key, self._status.get(key, {})):
+                        self._schedule(key, self.interval)
+                        continue
+                    self._running.add(key)
+                    task = asyncio.ensure_future(self._one(key))
+                    tasks.add(task)
+                    task.add_done_callback(tasks.discard)
+                self._wake.clear()
+                wait = self._heap[0][0] - self._clock() if self._heap else self.interval
+                try:
+                    await asyncio.wait_for(self._wake.wait(), timeout=max(wait, 0.0))
+                except TimeoutError:
+                    pass
+        finally:
+            for task in tasks:
+                task.cancel()
+
+    async def _one(self, key: Key) -> None:
+        after = self.interval
+        try:
+            await self._poll(*key)
+            self._retries.pop(key, None)
+        except asyncio.CancelledError:
+            raise
+        except kopf.TemporaryError as exc:
+            retry = self._retries.get(key, 0)
+            self._retries[key] = retry + 1
+            after = self._delay(exc, retry)
+            log.info("poll of SolarRun %s/%s failed (%s); next try in %.1f s", *key, exc, after)
+        except Exception:  # noqa: BLE001 (a bug in one pass must not stop every run's poll)
+            log.exception("poll of SolarRun %s/%s failed", *key)
+        finally:
+            self._running.discard(key)
+        if key in self._status:   # not deleted meanwhile
+            self._schedule(key, after)
