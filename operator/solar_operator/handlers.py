@@ -13,6 +13,8 @@ can be started, stopped and started again in one process with fresh handlers (te
                                                                   its last pass saw that very version;
                                                                   only the kinds in ``backends`` are watched
 - every SolarRun watch event                                   -> the metrics' view of current runs
+- SolarRun being deleted or finished, with the operator's      -> reconcile at once (the pass removes it)
+  finalizer
 - SolarRun deleted                                             -> forget its plan and unposted Events
                                                                   (its jobs go with it: owner references)
 
@@ -45,6 +47,7 @@ from solar_operator.dispatch import CHANGE, JOB, POLL, Dispatcher
 from solar_operator.jobs import RUN_LABEL
 from solar_operator.kube import JOB_GROUP, JOB_PLURAL, JOB_VERSION
 from solar_operator.polling import Poller
+from solar_operator.runs import FINALIZER
 
 FINISHED = ("Succeeded", "Failed")
 EXIT_SECONDS = 4.5   # SIGTERM to exit, at most (kopf's ultimate exiting timeout)
@@ -58,6 +61,12 @@ def _active(memo: kopf.Memo, namespace: str, name: str, status: dict) -> bool:
         return True
     runs = getattr(memo, "runs", None)
     return runs is not None and runs.pending_events(namespace, name) > 0
+
+
+def _to_release(meta, status: dict) -> bool:
+    """The run carries the operator's finalizer and is being deleted or finished: a pass removes it."""
+    return FINALIZER in (meta.get("finalizers") or []) and bool(
+        meta.get("deletionTimestamp") or (status.get("phase") in FINISHED and not status.get("jobsToDelete")))
 
 
 def _retry_delay(exc: Exception, retry: int) -> float:
@@ -148,11 +157,12 @@ def register(registry: kopf.OperatorRegistry, *, poll_seconds: float = 10.0, wor
         memo.runs.forget(namespace, name, uid)
 
     @kopf.on.event(GROUP, VERSION, PLURAL, id="run-metrics", registry=registry)
-    async def observed(namespace: str, name: str, status, type: str | None, **_) -> None:  # noqa: A002 (no I/O)
-        metrics.RUNS.record(namespace, name, dict(status or {}), deleted=type == "DELETED")
+    async def observed(namespace: str, name: str, status, meta, type: str | None, **_) -> None:  # noqa: A002
+        metrics.RUNS.record(namespace, name, dict(status or {}), deleted=type == "DELETED")   # (no I/O)
         poller = polls.get("poller")
         if poller is not None:
-            poller.seen(namespace, name, status, deleted=type == "DELETED")
+            release = type != "DELETED" and _to_release(meta, dict(status or {}))
+            poller.seen(namespace, name, status, deleted=type == "DELETED", release=release)
 
     if "PyTorchJob" in backends:
         @kopf.on.event(JOB_GROUP, JOB_VERSION, JOB_PLURAL, labels={RUN_LABEL: kopf.PRESENT}, id="job-changed",

@@ -84,6 +84,11 @@ class Kube:
         return self._call(f"get solarrun {namespace}/{name}", self.custom.get_namespaced_custom_object,
                           RUN_GROUP, RUN_VERSION, namespace, RUN_PLURAL, name)
 
+    def patch_run(self, namespace: str, name: str, patch: dict) -> dict | None:
+        """A JSON merge patch of the run (its metadata: the operator's finalizer); None when it is gone."""
+        return self._call(f"patch solarrun {namespace}/{name}", self.custom.patch_namespaced_custom_object,
+                          RUN_GROUP, RUN_VERSION, namespace, RUN_PLURAL, name, patch)
+
     def patch_run_status(self, namespace: str, name: str, status_patch: dict) -> dict | None:
         return self._call(f"patch solarrun {namespace}/{name} status",
                           self.custom.patch_namespaced_custom_object_status, RUN_GROUP, RUN_VERSION, namespace,

@@ -1,18 +1,19 @@
 """The operator's poll of each SolarRun: its own timer, not kopf's.
 
-A kopf timer puts kopf's finalizer on every object it serves and removes it only after the timer
-has stopped, with a patch of its own. When the API server refuses that patch (a 409 after a 500,
-as the chaos bench plays them), kopf gives the event up and the run, which the operator no longer
-writes to, gets no later event: it keeps the finalizer and ``kubectl delete`` waits for good. No
-handler here needs a finalizer (a run's jobs go with it through owner references), so the runs
-carry none, a delete never waits for the operator (running or not), and kopf removes the finalizer
-that older versions left at the next event of each run.
+A kopf timer puts kopf's finalizer on every object it serves and removes it, once the timer has
+stopped, with a patch of its own. When the API server refuses that patch (a 409 after a 500, as the
+chaos bench plays them), kopf gives the event up, and the run, which nothing writes to any more,
+gets no later event: it keeps the finalizer and ``kubectl delete`` waits for good. So no kopf
+handler needs a finalizer (kopf drops the one older versions added at the run's next event); the
+finalizer a run does carry is the operator's own (``runs.FINALIZER``), removed by a pass, which this
+poll retries until it is gone.
 
 ``Poller`` keeps every SolarRun the watch reported (``seen``) and, on the event loop, asks each
 one that ``due`` says needs it for a pass every ``interval`` seconds after its last poll ended (the
 first one ``interval`` to 1.5 x ``interval`` after it was first seen: a run's creation and an
 operator's start reconcile each run at once already, and the spread keeps a restart's polls from
-coming all at once). One poll of a run at a time; a poll the API server failed is tried again after
+coming all at once); a run that a pass is to release (its finalizer; ``seen``) at once and then
+until the watch shows the finalizer gone. One poll of a run at a time; a poll the API server failed is tried again after
 the delay ``delay`` gives (Retry-After or a backoff), any other error is logged and the run is polled
 again at the next interval. ``soon`` brings a run's poll forward: a job event's pass, which kopf
 does not retry, that the server refused is retried by the run's next poll after the server's delay.
@@ -48,19 +49,30 @@ class Poller:
         self._next: dict[Key, float] = {}      # the one entry of the heap that counts for each run
         self._seq = itertools.count()
         self._running: set[Key] = set()
+        self._release: set[Key] = set()        # runs whose finalizer a pass is to remove
         self._wake = asyncio.Event()
 
     # -- fed by the watch (event loop) -----------------------------------------------------------
-    def seen(self, namespace: str, name: str, status: dict | None, *, deleted: bool = False) -> None:
+    def seen(self, namespace: str, name: str, status: dict | None, *, deleted: bool = False,
+             release: bool = False) -> None:
+        """The watch's latest of a run. ``release``: a pass must remove the operator's finalizer (the
+        run is being deleted or finished): polled at once and until the finalizer is gone."""
         key = (namespace, name)
         if deleted:
             self._status.pop(key, None)
             self._next.pop(key, None)
             self._retries.pop(key, None)
+            self._release.discard(key)
             return
         known = key in self._status
         self._status[key] = dict(status or {})
-        if not known:
+        if release:
+            if key not in self._release:
+                self._release.add(key)
+                self.soon(namespace, name, 0.0)
+        else:
+            self._release.discard(key)
+        if not known and key not in self._next:
             self._schedule(key, self.interval * (1.0 + 0.5 * self._jitter()))
 
     def soon(self, namespace: str, name: str, after: float) -> None:
@@ -97,7 +109,7 @@ class Poller:
                     del self._next[key]
                     if key in self._running:
                         continue   # its poll reschedules it when it ends
-                    if not self._due(*key, self._status.get(key, {})):
+                    if key not in self._release and not self._due(*key, self._status.get(key, {})):
                         self._schedule(key, self.interval)
                         continue
                     self._running.add(key)

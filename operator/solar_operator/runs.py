@@ -1,6 +1,6 @@
 """Reconciling one SolarRun: observe -> decide (``solar.run.machine``) -> act -> write status -> events.
 
-Every kopf handler (create, resume, spec update, the poll timer, a change of one of the run's
+Every kopf handler (create, resume, spec update, the poll, a change of one of the run's
 PyTorchJobs) ends in ``Reconciler.reconcile(namespace, name)``. It reads the run fresh from the
 API server rather than trusting the handler's body, and reconciles of one run never overlap, so the
 handlers may fire in any order and any number of times. They are coalesced rather than queued: a
@@ -19,9 +19,17 @@ job (ProgressDeadlineExceeded) is written before the delete too, with the job in
 ``status.jobsToDelete``, and written again without it once the job is gone: a refused write can
 never leave a deleted job and an unfinished status (which the next pass would take for a job to
 start again), and a refused delete is done by the next pass over the finished run (finished runs
-are otherwise not reconciled; the poll goes on while the list is not empty). An Event the API server refuses (5xx,
-429, a timeout) is kept and posted again by the run's next reconciles, up to ``EVENT_ATTEMPTS``
-tries, then counted as dropped (``solar_operator_events_total{result}``); nothing is lost silently.
+are otherwise not reconciled; the poll goes on while the list is not empty).
+
+A run the operator may still create a job for carries ``FINALIZER``, added by its first pass and
+removed by the first pass that finds it finished or being deleted: passes never overlap, so a delete
+waits for the pass in flight, and no job is created after its run and the run's jobs are gone. The
+poll (``polling.Poller``) is the operator's own, not a kopf timer, which would put kopf's finalizer
+on every run and remove it with a patch of its own that, refused, nothing retried.
+
+An Event the API server refuses (5xx, 429, a timeout) is kept and posted again by the run's next
+reconciles, up to ``EVENT_ATTEMPTS`` tries, then counted as dropped
+(``solar_operator_events_total{result}``); nothing is lost silently.
 """
 
 from __future__ import annotations
@@ -61,6 +69,7 @@ def merge_diff(old: dict, new: dict) -> dict:
     return patch
 
 
+FINALIZER = "solarwm.io/jobs"   # on a run the operator may still create a job for (``_hold``)
 EVENT_ATTEMPTS = 5   # tries of one Event (its first post and four later reconciles) before it counts as dropped
 
 
@@ -161,14 +170,19 @@ class Reconciler:
 
     def _reconcile(self, namespace: str, name: str) -> machine.Decision | None:
         run = self.kube.get_run(namespace, name)
-        if run is None or run["metadata"].get("deletionTimestamp"):
+        if run is None:
             return None
         meta = run["metadata"]
+        if meta.get("deletionTimestamp"):
+            self._hold(run, False)   # no pass of the run is in flight (they never overlap): let it go
+            return None
         stored = {k: v for k, v in (run.get("status") or {}).items() if k in STATUS_KEYS}
         previous = _previous(stored, namespace, name)
         leftover = previous is not None and bool(previous.jobsToDelete)  # a finished run's deletes to finish
         if previous is not None and previous.phase in machine.TERMINAL and not leftover:
+            self._hold(run, False)   # finished: no job will be created for it any more
             return None
+        self._hold(run, True)        # before anything that may create a job
         generation = int(meta.get("generation") or 1)
         spec, plan, invalid = _parse(run, self._plan, meta.get("uid", ""), generation)
         jobs, files, root = {}, {}, None
@@ -217,6 +231,22 @@ class Reconciler:
             key = (namespace, name)
             self._seen[key] = {job.name: job.version for job in jobs.values()} | self._created.pop(key, {})
         return decision
+
+    def _hold(self, run: dict, hold: bool) -> None:
+        """Add or remove ``FINALIZER`` on the run (a merge patch conditioned on the resourceVersion just
+        read: a 409 retries the pass). While the run may still get a job it carries the finalizer, so
+        a delete waits for the pass in flight: a pass that read the run before the delete cannot create
+        a job after the run and its jobs are gone (the garbage collector would not see it)."""
+        meta = run["metadata"]
+        finalizers = list(meta.get("finalizers") or [])
+        if (FINALIZER in finalizers) == hold:
+            return
+        finalizers = finalizers + [FINALIZER] if hold else [f for f in finalizers if f != FINALIZER]
+        patched = self.kube.patch_run(meta["namespace"], meta["name"], {"metadata": {
+            "finalizers": finalizers or None, "resourceVersion": meta.get("resourceVersion")}})
+        if patched is not None:
+            meta["resourceVersion"] = (patched.get("metadata") or {}).get("resourceVersion")
+            meta["finalizers"] = finalizers
 
     def _announce(self, run: dict, spec, plan, decision: machine.Decision) -> None:
         """Once the decision's status is written: its Events, log lines and metrics (exactly once)."""

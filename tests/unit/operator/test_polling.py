@@ -125,9 +125,10 @@ def test_the_retry_delay_is_the_servers_retry_after_else_a_backoff():
     assert handlers._retry_delay(errors.Forbidden("create: 403", delay=60.0), 0) == 60.0
 
 
-def test_no_handler_needs_a_finalizer():
-    """kopf adds its finalizer for timers, daemons and required delete handlers; with none, a run's
-    delete never waits for the operator, and kopf removes the finalizer older versions left."""
+def test_no_kopf_handler_needs_a_finalizer():
+    """kopf adds its finalizer for timers, daemons and required delete handlers and removes it with a
+    patch that, refused, nothing retries; with none, kopf removes the one older versions left (the
+    run's finalizer is the operator's own, ``runs.FINALIZER``)."""
     registry = kopf.OperatorRegistry()
     handlers.register(registry)
     assert not registry._spawning.get_all_handlers()   # no kopf timer or daemon
