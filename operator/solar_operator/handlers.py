@@ -96,7 +96,7 @@ async def _job_changed(pool: Dispatcher, polls: dict, memo: kopf.Memo, namespace
     except errors.ApiUnavailable as exc:
         poller = polls.get("poller")
         if poller is not None:
-            poller.soon(namespace, run, _retry_delay(exc, 0))
+            poller.soon(namespace, run, _retry_delay(exc, 0), urgent=True)
         logging.getLogger(__name__).info(f"{namespace}/{run}: a pass for job {job} was refused ({exc}); "
                                          f"the run's poll retries it")
 
@@ -126,8 +126,8 @@ def register(registry: kopf.OperatorRegistry, *, poll_seconds: float = 10.0, wor
             settings.process.ultimate_exiting_timeout = exit_seconds
         metrics.RUNS.clear()  # a restarted operator in the same process re-learns runs from its watch
 
-        async def poll(namespace: str, name: str) -> None:
-            await pool.run(POLL, memo.runs.reconcile, namespace, name, "poll")
+        async def poll(namespace: str, name: str, urgent: bool) -> None:
+            await pool.run(JOB if urgent else POLL, memo.runs.reconcile, namespace, name, "poll")
 
         poller = Poller(poll_seconds, due=lambda ns, name, status: _active(memo, ns, name, status), poll=poll,
                         delay=_retry_delay)

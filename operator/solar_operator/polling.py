@@ -16,7 +16,8 @@ coming all at once); a run that a pass is to release (its finalizer; ``seen``) a
 until the watch shows the finalizer gone. One poll of a run at a time; a poll the API server failed is tried again after
 the delay ``delay`` gives (Retry-After or a backoff), any other error is logged and the run is polled
 again at the next interval. ``soon`` brings a run's poll forward: a job event's pass, which kopf
-does not retry, that the server refused is retried by the run's next poll after the server's delay.
+does not retry, that the server refused is retried by the run's next poll after the server's delay,
+with the job event's priority (``urgent``).
 """
 
 from __future__ import annotations
@@ -38,7 +39,7 @@ Key = tuple[str, str]   # namespace, name
 
 class Poller:
     def __init__(self, interval: float, *, due: Callable[[str, str, dict], bool],
-                 poll: Callable[[str, str], Awaitable[object]], delay: Callable[[Exception, int], float],
+                 poll: Callable[[str, str, bool], Awaitable[object]], delay: Callable[[Exception, int], float],
                  clock: Callable[[], float] = time.monotonic, jitter: Callable[[], float] = random.random) -> None:
         self.interval = interval
         self._due, self._poll, self._delay = due, poll, delay
@@ -50,6 +51,7 @@ class Poller:
         self._seq = itertools.count()
         self._running: set[Key] = set()
         self._release: set[Key] = set()        # runs whose finalizer a pass is to remove
+        self._urgent: set[Key] = set()         # runs whose next poll retries a job event's pass
         self._wake = asyncio.Event()
 
     # -- fed by the watch (event loop) -----------------------------------------------------------
@@ -63,6 +65,7 @@ class Poller:
             self._next.pop(key, None)
             self._retries.pop(key, None)
             self._release.discard(key)
+            self._urgent.discard(key)
             return
         known = key in self._status
         self._status[key] = dict(status or {})
@@ -75,10 +78,15 @@ class Poller:
         if not known and key not in self._next:
             self._schedule(key, self.interval * (1.0 + 0.5 * self._jitter()))
 
-    def soon(self, namespace: str, name: str, after: float) -> None:
-        """Poll the run within ``after`` seconds (a trigger kopf does not retry met a refusal)."""
+    def soon(self, namespace: str, name: str, after: float, *, urgent: bool = False) -> None:
+        """Poll the run within ``after`` seconds; ``urgent``: that poll retries a job event's pass
+        (kopf does not retry those), so it is asked for with the job event's priority."""
         key = (namespace, name)
-        if key in self._status and self._next.get(key, float("inf")) > self._clock() + after:
+        if key not in self._status:
+            return
+        if urgent:
+            self._urgent.add(key)
+        if self._next.get(key, float("inf")) > self._clock() + after:
             self._schedule(key, after)
 
     def scheduled(self, namespace: str, name: str) -> float | None:
@@ -128,8 +136,10 @@ class Poller:
 
     async def _one(self, key: Key) -> None:
         after = self.interval
+        urgent = key in self._urgent
+        self._urgent.discard(key)
         try:
-            await self._poll(*key)
+            await self._poll(*key, urgent)
             self._retries.pop(key, None)
         except asyncio.CancelledError:
             raise

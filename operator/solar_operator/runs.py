@@ -90,8 +90,9 @@ class Reconciler:
         # succeeds (an event of the job arriving while it runs is still coalesced into one more pass: a
         # failed pass must leave a trigger behind, kopf's own retry of it can be lost)
         self._created: dict[tuple[str, str], dict[str, str]] = {}
-        # run -> time.monotonic() before which no pass of it starts: the server sent Retry-After to one
-        # of its passes, so every trigger of the run (not only the one kopf retries) waits as asked
+        # run -> time.monotonic() before which no retry or poll of it starts: the server sent Retry-After
+        # to one of its passes, so every such trigger of the run (not only the one kopf retries) waits
+        # as asked; a job event, which brings news the run must act on, is tried at once
         self._held: dict[tuple[str, str], float] = {}
 
     def forget(self, namespace: str, name: str, uid: str | None) -> None:
@@ -127,7 +128,7 @@ class Reconciler:
         key = (namespace, name)
         with self._guard:
             wait = self._held.get(key, 0.0) - time.monotonic()
-            if wait > 0:
+            if wait > 0 and handler != "job":
                 metrics.RECONCILE.labels(handler=handler, result="held").inc()
                 raise errors.ApiUnavailable(f"SolarRun {namespace}/{name}: the API server asked to wait "
                                             f"{wait:.1f} s more", delay=wait, retry_after=wait)

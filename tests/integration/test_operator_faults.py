@@ -344,3 +344,22 @@ def test_a_pass_over_a_deleted_run_lets_it_go_and_creates_nothing(world):  # noq
     assert world.run("going")["metadata"].get("deletionTimestamp")
     assert r.reconcile(world.namespace, "going", "poll") is None
     assert world.cluster.list(world.runs_path)["items"] == [] and world.jobs() == {}   # gone, no new job
+
+
+def test_after_a_retry_after_polls_and_retries_wait_but_a_job_event_is_tried_at_once(world):  # noqa: F811
+    from solar_operator.main import reconciler
+
+    r = reconciler(world.storage, url=world.cluster.url)
+    world.apply(_run("held"))
+    r.reconcile(world.namespace, "held", "create")
+    busy = Refuse("GET", "/solarruns/held", times=1, code=429, retry_after=30)
+    world.cluster.emulator.faults.append(busy)
+    with pytest.raises(operator_errors.ApiUnavailable):
+        r.reconcile(world.namespace, "held", "poll")          # refused: the run waits 30 s for retries
+    with pytest.raises(operator_errors.ApiUnavailable, match="asked to wait"):
+        r.reconcile(world.namespace, "held", "poll")          # no request made
+    assert len(busy.seen) == 1
+    world.set_job("held-fm", "Running")                       # news: tried at once, and it goes through
+    version = world.jobs()["held-fm"]["metadata"]["resourceVersion"]
+    assert r.job_changed(world.namespace, "held", "held-fm", version) is not None and len(busy.seen) == 2
+    assert r.reconcile(world.namespace, "held", "poll") is not None   # a pass that went through ends the wait

@@ -16,8 +16,8 @@ TICK = 0.05
 
 def _poller(polls: list, *, due=lambda ns, name, status: status.get("phase") != "Succeeded", fail=None,
             hold: asyncio.Event | None = None, delays: list | None = None) -> Poller:
-    async def poll(namespace: str, name: str) -> None:
-        polls.append((name, time.monotonic()))
+    async def poll(namespace: str, name: str, urgent: bool) -> None:
+        polls.append((name, time.monotonic()) if not urgent else (name, time.monotonic(), "urgent"))
         if hold is not None:
             await hold.wait()
         if fail:
@@ -134,3 +134,20 @@ def test_no_kopf_handler_needs_a_finalizer():
     assert not registry._spawning.get_all_handlers()   # no kopf timer or daemon
     deleting = [h for h in registry._changing.get_all_handlers() if h.requires_finalizer]
     assert deleting == []
+
+
+def test_a_job_events_refused_pass_is_retried_soon_and_urgently_then_polls_go_on():
+    polls: list = []
+
+    async def scenario():
+        poller = _poller(polls)
+        poller.seen("ns", "a", {})
+        poller.soon("ns", "a", 0.0, urgent=True)
+        poller.soon("ns", "unknown", 0.0, urgent=True)     # never seen (or deleted): nothing to poll
+        task = asyncio.ensure_future(poller.run())
+        await asyncio.sleep(4 * TICK)
+        task.cancel()
+
+    asyncio.run(scenario())
+    assert polls[0][0] == "a" and polls[0][2:] == ("urgent",)   # at once, with the job event's priority
+    assert len(polls) >= 2 and all(len(p) == 2 for p in polls[1:])   # then plain polls
