@@ -4,10 +4,11 @@
 can be started, stopped and started again in one process with fresh handlers (tests, the bench);
 ``solar-operator`` calls it once. Every handler has an explicit id.
 
-- SolarRun created / resumed at operator start / spec changed -> reconcile
+- SolarRun created / resumed at operator start / spec changed -> reconcile (at start: not a settled
+                                                                  run, finished with nothing left)
 - every ``poll_seconds`` while the run is not finished        -> reconcile (stage files have no watch)
   (or its final verdict's ``jobsToDelete`` are not gone)        by ``polling.Poller``, not a kopf timer:
-                                                                  runs carry no finalizer
+                                                                  no kopf finalizer
 - any change of a PyTorchJob or TrainJob labelled with a run  -> reconcile that run (a finished job
                                                                   starts the next stage at once), unless
                                                                   its last pass saw that very version;
@@ -25,8 +26,8 @@ all active runs; whether a job event brings anything new is decided on the event
 thread is taken. A pass the API server fails (5xx, 429, 409, no answer in time) is retried by kopf
 after the server's Retry-After, else after 1, 2, 4 ... s (capped at a minute): never by sleeping in
 a worker. A job event's pass the server refused is retried by the run's poll, brought forward to
-the server's delay; while a run waits out a Retry-After, no trigger of it starts a pass
-(``Reconciler.reconcile``).
+the server's delay; while a run waits out a Retry-After its retries and polls wait, a job event is
+tried at once (``Reconciler.reconcile``).
 
 The liveness probe answers from the event loop at once, never queued behind reconciles, and says
 only that the process and its loop work. On SIGTERM kopf stops; whatever is still running after
@@ -67,6 +68,12 @@ def _to_release(meta, status: dict) -> bool:
     """The run carries the operator's finalizer and is being deleted or finished: a pass removes it."""
     return FINALIZER in (meta.get("finalizers") or []) and bool(
         meta.get("deletionTimestamp") or (status.get("phase") in FINISHED and not status.get("jobsToDelete")))
+
+
+def _settled(meta, status: dict) -> bool:
+    """Finished, nothing left to delete, no finalizer of the operator's: no pass has anything to do."""
+    return (status.get("phase") in FINISHED and not status.get("jobsToDelete")
+            and FINALIZER not in (meta.get("finalizers") or []))
 
 
 def _retry_delay(exc: Exception, retry: int) -> float:
@@ -145,7 +152,9 @@ def register(registry: kopf.OperatorRegistry, *, poll_seconds: float = 10.0, wor
         await _reconcile(pool, CHANGE, memo, namespace, name, "create", retry)
 
     @kopf.on.resume(GROUP, VERSION, PLURAL, id="run-resumed", registry=registry)
-    async def resumed(namespace: str, name: str, memo: kopf.Memo, retry: int, **_) -> None:
+    async def resumed(namespace: str, name: str, memo: kopf.Memo, retry: int, status, meta, **_) -> None:
+        if _settled(meta, dict(status or {})):
+            return   # a pass would find nothing to do: a restart's passes go to the runs that need them
         await _reconcile(pool, CHANGE, memo, namespace, name, "resume", retry)
 
     @kopf.on.update(GROUP, VERSION, PLURAL, field="spec", id="run-updated", registry=registry)

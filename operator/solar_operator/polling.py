@@ -9,15 +9,16 @@ finalizer a run does carry is the operator's own (``runs.FINALIZER``), removed b
 poll retries until it is gone.
 
 ``Poller`` keeps every SolarRun the watch reported (``seen``) and, on the event loop, asks each
-one that ``due`` says needs it for a pass every ``interval`` seconds after its last poll ended (the
-first one ``interval`` to 1.5 x ``interval`` after it was first seen: a run's creation and an
-operator's start reconcile each run at once already, and the spread keeps a restart's polls from
-coming all at once); a run that a pass is to release (its finalizer; ``seen``) at once and then
-until the watch shows the finalizer gone. One poll of a run at a time; a poll the API server failed is tried again after
-the delay ``delay`` gives (Retry-After or a backoff), any other error is logged and the run is polled
-again at the next interval. ``soon`` brings a run's poll forward: a job event's pass, which kopf
-does not retry, that the server refused is retried by the run's next poll after the server's delay,
-with the job event's priority (``urgent``).
+one that ``due`` says needs it for a pass every ``interval`` seconds after its last poll ended. The
+first one comes at a random moment of the first interval after the run was first seen: after a
+restart the poll is the second chance of a run whose start-up pass failed and whose kopf retry
+waits out a long backoff, and the spread keeps a restart's polls from coming all at once. A run
+that a pass is to release (its finalizer; ``seen``) is polled at once, then until the watch shows
+the finalizer gone. One poll of a run at a time; a poll the API server failed is tried again after
+the delay ``delay`` gives (Retry-After or a backoff), any other error is logged and the run is
+polled again at the next interval. ``soon`` brings a run's poll forward: a job event's pass, which
+kopf does not retry, that the server refused is retried by the run's next poll after the server's
+delay, with the job event's priority (``urgent``).
 """
 
 from __future__ import annotations
@@ -76,7 +77,7 @@ class Poller:
         else:
             self._release.discard(key)
         if not known and key not in self._next:
-            self._schedule(key, self.interval * (1.0 + 0.5 * self._jitter()))
+            self._schedule(key, self.interval * self._jitter())
 
     def soon(self, namespace: str, name: str, after: float, *, urgent: bool = False) -> None:
         """Poll the run within ``after`` seconds; ``urgent``: that poll retries a job event's pass

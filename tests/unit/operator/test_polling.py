@@ -28,7 +28,7 @@ def _poller(polls: list, *, due=lambda ns, name, status: status.get("phase") != 
             delays.append(retry)
         return TICK
 
-    return Poller(TICK, due=due, poll=poll, delay=delay, jitter=lambda: 0.0)
+    return Poller(TICK, due=due, poll=poll, delay=delay, jitter=lambda: 0.5)
 
 
 async def _running(poller: Poller, seconds: float) -> None:
@@ -58,7 +58,7 @@ def test_a_run_is_polled_every_interval_until_it_is_not_due_or_deleted():
 
     first, a_polls = asyncio.run(scenario())
     assert {name for name, _ in polls} == {"a"}
-    assert first >= TICK                 # not at once: the run's creation (or the start) reconciles it already
+    assert first >= 0.5 * TICK           # at a random moment of the first interval (here: its middle)
     assert 3 <= a_polls <= 12            # about one per interval
     assert len(polls) == a_polls         # none after the delete
 
@@ -151,3 +151,12 @@ def test_a_job_events_refused_pass_is_retried_soon_and_urgently_then_polls_go_on
     asyncio.run(scenario())
     assert polls[0][0] == "a" and polls[0][2:] == ("urgent",)   # at once, with the job event's priority
     assert len(polls) >= 2 and all(len(p) == 2 for p in polls[1:])   # then plain polls
+
+
+def test_a_restart_reconciles_only_the_runs_that_need_it():
+    from solar_operator.runs import FINALIZER
+
+    assert handlers._settled({}, {"phase": "Succeeded"}) and handlers._settled({}, {"phase": "Failed"})
+    assert not handlers._settled({}, {"phase": "Running"}) and not handlers._settled({}, {})
+    assert not handlers._settled({}, {"phase": "Failed", "jobsToDelete": ["a-fm"]})
+    assert not handlers._settled({"finalizers": [FINALIZER]}, {"phase": "Succeeded"})   # its finalizer to remove
