@@ -96,7 +96,14 @@ class Faults:
         self.cuts: list[float] = []                              # when a watch stream was ended
         self.enabled = True
 
-    def _run(self, path: str) -> str | None:
+    def _run(self, path: str, body) -> str | None:
+        """The run a request is for: by the run label in the query, the run or job name in the path,
+        or, for a create (a job, an Event), the name in the body."""
+        if isinstance(body, dict):
+            meta = body.get("metadata") or {}
+            named = (meta.get("labels") or {}).get("solarwm.io/run") or (body.get("involvedObject") or {}).get("name")
+            if named in self.runs:
+                return named
         query = urllib.parse.unquote(path.partition("?")[2])
         if m := re.search(r"solarwm\.io/run=([a-z0-9-]+)", query):
             return m.group(1)
@@ -108,7 +115,9 @@ class Faults:
             return head if head in self.runs else None
         return None
 
-    def __call__(self, method: str, path: str):
+    with_body = True   # the emulator passes the request's body: a create's name is only there
+
+    def __call__(self, method: str, path: str, body=None):
         if not self.enabled:
             return None
         r, rates = self.rng, self.rates
@@ -136,7 +145,7 @@ class Faults:
             if kind is None:
                 return None
             self.counts[kind] += 1
-            run = self._run(path)
+            run = self._run(path, body)
             if run is not None:
                 self.hits[run].append(time.monotonic())
             return outcome
@@ -748,7 +757,7 @@ def _report(book: Book, op: Operator, faults: Faults, plan: list[Run], poll: flo
                 miscounted.append(f"{run.name}/{st['name']}: status attempt {st.get('attempt')} failures "
                                   f"{st.get('failures')}, jobs ran {ran} attempts, {failures} failed")
     # reactions
-    stuck, next_all, next_clean = [], [], []
+    stuck, next_all, next_clean, clean_cases = [], [], [], []
     for r in book.reactions:
         if r.done is None:
             run = book.runs.get(r.run)
@@ -769,6 +778,7 @@ def _report(book: Book, op: Operator, faults: Faults, plan: list[Run], poll: flo
             if not hit and not cut and _down_overlap(book.down, r.start, r.done) == 0 and \
                     not any(r.start <= s <= r.done for s, _ in book.down):
                 next_clean.append(took)
+                clean_cases.append((took, r.run, r.start))
     # kills: to the new process answering, and to every reaction pending at the kill done
     to_ready, to_converged = [], []
     for killed, answered in book.down:
@@ -813,6 +823,10 @@ def _report(book: Book, op: Operator, faults: Faults, plan: list[Run], poll: flo
     out["liveness_answers"] = _percentiles(answered) if answered else None
     out["next_job"] = _percentiles(next_all) if next_all else None
     out["next_job_outside_faults"] = _percentiles(next_clean) if next_clean else None
+    wall = time.time() - time.monotonic()   # the slowest of them, to find in the operator's log
+    out["next_job_outside_faults_slowest"] = [
+        f"{run}: {took:.2f}s from {time.strftime('%H:%M:%S', time.localtime(wall + start))}"
+        f".{int((wall + start) % 1 * 1000):03d}" for took, run, start in sorted(clean_cases, reverse=True)[:8]]
     out["operator_rss_mib_max"] = round(max(op.rss), 1) if op.rss else None
     return out
 

@@ -85,7 +85,7 @@ class Backends:
     def observe(self, run: dict) -> dict[str, JobState]:
         return self.of(run).observe(run)
 
-    def create(self, run: dict, spec: SolarRunSpec, plan: StagePlan, action: Action) -> bool:
+    def create(self, run: dict, spec: SolarRunSpec, plan: StagePlan, action: Action) -> str | bool:
         return self.of(run).create(run, spec, plan, action)
 
     def delete(self, run: dict, job: str) -> bool:

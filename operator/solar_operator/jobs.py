@@ -172,14 +172,16 @@ def observe_owned(kube, res: tuple[str, str, str], run: dict, to_state) -> dict[
     return out
 
 
-def create_owned(kube, res: tuple[str, str, str], run: dict, job: dict, problems: list[str]) -> bool:
-    """Create ``job`` (never one that fails its kind's admission: that would be our bug); False when the
-    run's job of that name exists already; NotOurs when one exists that the run did not create."""
+def create_owned(kube, res: tuple[str, str, str], run: dict, job: dict, problems: list[str]) -> str | bool:
+    """Create ``job`` (never one that fails its kind's admission: that would be our bug): the new job's
+    resourceVersion (True when the server gave none); False when the run's job of that name exists
+    already; NotOurs when one exists that the run did not create."""
     name, kind = job["metadata"]["name"], res[2][:-1]
     if problems:
         raise errors.Rejected(f"refusing to create {name}: {'; '.join(problems)}")
-    if kube.create_object(res, job):
-        return True
+    version = kube.create_object(res, job)
+    if version is not None:
+        return version or True
     existing = kube.get_object(res, run["metadata"]["namespace"], name)
     if existing is not None and not owned_by(existing, run):
         raise errors.NotOurs(f"{kind} {name} exists but was not created for SolarRun {run['metadata']['name']} "
@@ -209,8 +211,9 @@ class JobBackend(Protocol):
     def observe(self, run: dict) -> dict[str, JobState]:
         """The run's jobs by stage name."""
 
-    def create(self, run: dict, spec: SolarRunSpec, plan: StagePlan, action: Action) -> bool:
-        """Create a stage job; False when it already exists (a repeated reconcile)."""
+    def create(self, run: dict, spec: SolarRunSpec, plan: StagePlan, action: Action) -> str | bool:
+        """Create a stage job: its resourceVersion (True when unknown); False when it already exists
+        (a repeated reconcile)."""
 
     def delete(self, run: dict, job: str) -> bool:
         """Delete a job the run owns; False when it is already gone."""
@@ -239,7 +242,7 @@ class PyTorchJobBackend:
     def observe(self, run: dict) -> dict[str, JobState]:
         return observe_owned(self.kube, RES, run, state)
 
-    def create(self, run: dict, spec: SolarRunSpec, plan: StagePlan, action: Action) -> bool:
+    def create(self, run: dict, spec: SolarRunSpec, plan: StagePlan, action: Action) -> str | bool:
         job = manifest(run, spec, plan, action.job, attempt=action.attempt, resume_from=action.resume_from)
         return create_owned(self.kube, RES, run, job, webhook_problems(job))
 

@@ -84,6 +84,11 @@ class Kube:
         return self._call(f"get solarrun {namespace}/{name}", self.custom.get_namespaced_custom_object,
                           RUN_GROUP, RUN_VERSION, namespace, RUN_PLURAL, name)
 
+    def patch_run(self, namespace: str, name: str, patch: dict) -> dict | None:
+        """A JSON merge patch of the run (its metadata: the operator's finalizer); None when it is gone."""
+        return self._call(f"patch solarrun {namespace}/{name}", self.custom.patch_namespaced_custom_object,
+                          RUN_GROUP, RUN_VERSION, namespace, RUN_PLURAL, name, patch)
+
     def patch_run_status(self, namespace: str, name: str, status_patch: dict) -> dict | None:
         return self._call(f"patch solarrun {namespace}/{name} status",
                           self.custom.patch_namespaced_custom_object_status, RUN_GROUP, RUN_VERSION, namespace,
@@ -119,12 +124,17 @@ class Kube:
         return self._call(f"get {res[2][:-1]} {namespace}/{name}", self.custom.get_namespaced_custom_object,
                           *res[:2], namespace, res[2], name)
 
-    def create_object(self, res: tuple[str, str, str], manifest: dict) -> bool:
-        """Create; False when an object of that name already exists (409 on create means just that)."""
+    def create_object(self, res: tuple[str, str, str], manifest: dict) -> str | None:
+        """Create; the new object's resourceVersion ("" when the answer has none), or None when an
+        object of that name already exists (409 on create means just that)."""
         meta = manifest["metadata"]
-        return self._call(f"create {res[2][:-1]} {meta['namespace']}/{meta['name']}",
-                          self.custom.create_namespaced_custom_object, *res[:2], meta["namespace"], res[2], manifest,
-                          answers={409: False}) is not False
+        created = self._call(f"create {res[2][:-1]} {meta['namespace']}/{meta['name']}",
+                             self.custom.create_namespaced_custom_object, *res[:2], meta["namespace"], res[2],
+                             manifest, answers={409: None})
+        if created is None:
+            return None
+        return str(((created.get("metadata") if isinstance(created, dict) else None) or {}).get("resourceVersion")
+                   or "")
 
     def patch_object(self, res: tuple[str, str, str], namespace: str, name: str, patch: dict) -> dict | None:
         """A JSON merge patch; None when the object is gone."""

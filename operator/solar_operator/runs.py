@@ -1,6 +1,6 @@
 """Reconciling one SolarRun: observe -> decide (``solar.run.machine``) -> act -> write status -> events.
 
-Every kopf handler (create, resume, spec update, the poll timer, a change of one of the run's
+Every kopf handler (create, resume, spec update, the poll, a change of one of the run's
 PyTorchJobs) ends in ``Reconciler.reconcile(namespace, name)``. It reads the run fresh from the
 API server rather than trusting the handler's body, and reconciles of one run never overlap, so the
 handlers may fire in any order and any number of times. They are coalesced rather than queued: a
@@ -19,9 +19,17 @@ job (ProgressDeadlineExceeded) is written before the delete too, with the job in
 ``status.jobsToDelete``, and written again without it once the job is gone: a refused write can
 never leave a deleted job and an unfinished status (which the next pass would take for a job to
 start again), and a refused delete is done by the next pass over the finished run (finished runs
-are otherwise not reconciled; the poll goes on while the list is not empty). An Event the API server refuses (5xx,
-429, a timeout) is kept and posted again by the run's next reconciles, up to ``EVENT_ATTEMPTS``
-tries, then counted as dropped (``solar_operator_events_total{result}``); nothing is lost silently.
+are otherwise not reconciled; the poll goes on while the list is not empty).
+
+A run the operator may still create a job for carries ``FINALIZER``, added by its first pass and
+removed by the first pass that finds it finished or being deleted: passes never overlap, so a delete
+waits for the pass in flight, and no job is created after its run and the run's jobs are gone. The
+poll (``polling.Poller``) is the operator's own, not a kopf timer, which would put kopf's finalizer
+on every run and remove it with a patch of its own that, refused, nothing retried.
+
+An Event the API server refuses (5xx, 429, a timeout) is kept and posted again by the run's next
+reconciles, up to ``EVENT_ATTEMPTS`` tries, then counted as dropped
+(``solar_operator_events_total{result}``); nothing is lost silently.
 """
 
 from __future__ import annotations
@@ -61,6 +69,7 @@ def merge_diff(old: dict, new: dict) -> dict:
     return patch
 
 
+FINALIZER = "solarwm.io/jobs"   # on a run the operator may still create a job for (``_hold``)
 EVENT_ATTEMPTS = 5   # tries of one Event (its first post and four later reconciles) before it counts as dropped
 
 
@@ -77,30 +86,52 @@ class Reconciler:
         # run -> {job: resourceVersion} its last successful pass saw: a job event that brings nothing
         # newer (kopf's listing after a start or a broken watch) needs no pass of its own
         self._seen: dict[tuple[str, str], dict[str, str | None]] = {}
+        # run -> {job: resourceVersion} the pass in flight created; counted as seen once that pass
+        # succeeds (an event of the job arriving while it runs is still coalesced into one more pass: a
+        # failed pass must leave a trigger behind, kopf's own retry of it can be lost)
+        self._created: dict[tuple[str, str], dict[str, str]] = {}
+        # run -> time.monotonic() before which no retry or poll of it starts: the server sent Retry-After
+        # to one of its passes, so every such trigger of the run (not only the one kopf retries) waits
+        # as asked; a job event, which brings news the run must act on, is tried at once
+        self._held: dict[tuple[str, str], float] = {}
 
     def forget(self, namespace: str, name: str, uid: str | None) -> None:
         """A deleted run: drop its cached plan and the Events it can no longer receive."""
         with self._guard:
             self._plans.pop(uid, None)
             self._seen.pop((namespace, name), None)
+            self._created.pop((namespace, name), None)
+            self._held.pop((namespace, name), None)
             for _ in self._events.pop((namespace, name), []):
                 metrics.EVENTS.labels(result="dropped").inc()
 
     def job_changed(self, namespace: str, name: str, job: str, version: str | None) -> machine.Decision | None:
         """A job of the run changed: reconcile, unless the run's last successful pass already saw this
         very version of it (a failed pass records nothing, so its trigger is never skipped)."""
-        with self._guard:
-            unchanged = version is not None and self._seen.get((namespace, name), {}).get(job) == version
-        if unchanged:
-            metrics.RECONCILE.labels(handler="job", result="unchanged").inc()
+        if self.unchanged(namespace, name, job, version):
             return None
         return self.reconcile(namespace, name, "job")
+
+    def unchanged(self, namespace: str, name: str, job: str, version: str | None) -> bool:
+        """Whether the run's last successful pass saw this very version of the job (counted when so);
+        no I/O, so the event loop may ask before handing a pass to the pool."""
+        with self._guard:
+            key = (namespace, name)
+            unchanged = version is not None and self._seen.get(key, {}).get(job) == version
+        if unchanged:
+            metrics.RECONCILE.labels(handler="job", result="unchanged").inc()
+        return unchanged
 
     def reconcile(self, namespace: str, name: str, handler: str) -> machine.Decision | None:
         """Reconcile the run now, or, when a reconcile of it is in flight, have that one run again
         when it ends (this call returns None at once)."""
         key = (namespace, name)
         with self._guard:
+            wait = self._held.get(key, 0.0) - time.monotonic()
+            if wait > 0 and handler != "job":
+                metrics.RECONCILE.labels(handler=handler, result="held").inc()
+                raise errors.ApiUnavailable(f"SolarRun {namespace}/{name}: the API server asked to wait "
+                                            f"{wait:.1f} s more", delay=wait, retry_after=wait)
             if key in self._running:
                 self._again.setdefault(key, handler)
                 metrics.RECONCILE.labels(handler=handler, result="coalesced").inc()
@@ -108,9 +139,16 @@ class Reconciler:
             self._running.add(key)
         try:
             while True:
-                with metrics.timed(handler):
-                    decision = self._reconcile(namespace, name)
+                try:
+                    with metrics.timed(handler):
+                        decision = self._reconcile(namespace, name)
+                except errors.ApiUnavailable as exc:
+                    if exc.retry_after is not None:
+                        with self._guard:
+                            self._held[key] = time.monotonic() + exc.retry_after
+                    raise
                 with self._guard:
+                    self._held.pop(key, None)
                     if key not in self._again:
                         return decision
                     handler = self._again.pop(key)  # the pass the coalesced triggers asked for
@@ -118,6 +156,7 @@ class Reconciler:
             with self._guard:
                 self._running.discard(key)
                 self._again.pop(key, None)  # a failed pass is retried by kopf (or the next poll) as a whole
+                self._created.pop(key, None)
 
     # -- one pass ---------------------------------------------------------------------------------
     def _plan(self, uid: str, generation: int, spec: SolarRunSpec) -> RunPlan | RunInvalid:
@@ -132,14 +171,19 @@ class Reconciler:
 
     def _reconcile(self, namespace: str, name: str) -> machine.Decision | None:
         run = self.kube.get_run(namespace, name)
-        if run is None or run["metadata"].get("deletionTimestamp"):
+        if run is None:
             return None
         meta = run["metadata"]
+        if meta.get("deletionTimestamp"):
+            self._hold(run, False)   # no pass of the run is in flight (they never overlap): let it go
+            return None
         stored = {k: v for k, v in (run.get("status") or {}).items() if k in STATUS_KEYS}
         previous = _previous(stored, namespace, name)
         leftover = previous is not None and bool(previous.jobsToDelete)  # a finished run's deletes to finish
         if previous is not None and previous.phase in machine.TERMINAL and not leftover:
+            self._hold(run, False)   # finished: no job will be created for it any more
             return None
+        self._hold(run, True)        # before anything that may create a job
         generation = int(meta.get("generation") or 1)
         spec, plan, invalid = _parse(run, self._plan, meta.get("uid", ""), generation)
         jobs, files, root = {}, {}, None
@@ -185,8 +229,25 @@ class Reconciler:
         decision = acted
         self._announce(run, spec, plan, decision)
         with self._guard:
-            self._seen[(namespace, name)] = {job.name: job.version for job in jobs.values()}
+            key = (namespace, name)
+            self._seen[key] = {job.name: job.version for job in jobs.values()} | self._created.pop(key, {})
         return decision
+
+    def _hold(self, run: dict, hold: bool) -> None:
+        """Add or remove ``FINALIZER`` on the run (a merge patch conditioned on the resourceVersion just
+        read: a 409 retries the pass). While the run may still get a job it carries the finalizer, so
+        a delete waits for the pass in flight: a pass that read the run before the delete cannot create
+        a job after the run and its jobs are gone (the garbage collector would not see it)."""
+        meta = run["metadata"]
+        finalizers = list(meta.get("finalizers") or [])
+        if (FINALIZER in finalizers) == hold:
+            return
+        finalizers = finalizers + [FINALIZER] if hold else [f for f in finalizers if f != FINALIZER]
+        patched = self.kube.patch_run(meta["namespace"], meta["name"], {"metadata": {
+            "finalizers": finalizers or None, "resourceVersion": meta.get("resourceVersion")}})
+        if patched is not None:
+            meta["resourceVersion"] = (patched.get("metadata") or {}).get("resourceVersion")
+            meta["finalizers"] = finalizers
 
     def _announce(self, run: dict, spec, plan, decision: machine.Decision) -> None:
         """Once the decision's status is written: its Events, log lines and metrics (exactly once)."""
@@ -264,6 +325,10 @@ class Reconciler:
                 failed.events[:0] = decision.events
                 failed.transitions[:0] = decision.transitions
                 return failed
+            if isinstance(created, str):
+                with self._guard:
+                    self._created.setdefault((run["metadata"]["namespace"], run["metadata"]["name"]),
+                                             {})[action.job] = created
             log.info(f"{run['metadata']['namespace']}/{run['metadata']['name']}: job {action.job} "
                      f"{'created' if created else 'already exists'}")
         return decision

@@ -142,7 +142,7 @@ class TrainJobBackend:
     def observe(self, run: dict) -> dict[str, JobState]:
         return observe_owned(self.kube, RES, run, state)
 
-    def create(self, run: dict, spec: SolarRunSpec, plan: StagePlan, action: Action) -> bool:
+    def create(self, run: dict, spec: SolarRunSpec, plan: StagePlan, action: Action) -> str | bool:
         job = manifest(run, spec, plan, action.job, attempt=action.attempt, resume_from=action.resume_from)
         return create_owned(self.kube, RES, run, job, admission_problems(job))
 

@@ -101,6 +101,9 @@ def test_a_three_stage_run_advances_as_its_jobs_finish(world):
         assert 'solar_operator_reconcile_total{handler="job",result="success"}' in text
         assert (f'solar_run_phase{{namespace="{world.namespace}",phase="Succeeded",run="three-stage",'
                 f'stage="generate"}} 1.0') in text
+        # finished: no job will be created for it any more, so the operator's finalizer goes (deleting
+        # a finished run never waits for the operator)
+        wait_for(lambda: not world.run("three-stage")["metadata"].get("finalizers"), message="finalizer released")
         world.cluster.delete(f"{world.runs_path}/three-stage")
         mine = re.compile(rf'namespace="{world.namespace}".*run="three-stage"|run="three-stage".*namespace="{world.namespace}"')
         wait_for(lambda: not mine.search(_scrape()), message="the deleted run's series to vanish")

@@ -262,7 +262,8 @@ class FaithfulEmulator(KubernetesEmulator):
     closing: bool = attrs.field(default=False, init=False)
     internal_errors: list[str] = attrs.field(factory=list, init=False)
     # API faults a test plays on every client but the harness (HARNESS_AGENT): each callable gets
-    # (method, path with its query string) and returns None, an ApiError to answer instead of serving the request (with
+    # (method, path with its query string; and the request's JSON body when the callable's ``with_body`` is
+    # true: a create's name is only there) and returns None, an ApiError to answer instead of serving the request (with
     # ``retry_after``: a Retry-After header), Slow(seconds) to serve it late, or CutWatch(after) to end
     # a watch stream early
     faults: list = attrs.field(factory=list, init=False)
@@ -481,7 +482,8 @@ class FaithfulEmulator(KubernetesEmulator):
         self._requests.append(request)
         cut = None
         for fault in list(self.faults) if raw.headers.get("User-Agent") != HARNESS_AGENT else []:
-            outcome = fault(raw.method, raw.path_qs)
+            outcome = fault(raw.method, raw.path_qs, data) if getattr(fault, "with_body", False) \
+                else fault(raw.method, raw.path_qs)
             if isinstance(outcome, ApiError):
                 return outcome.response()
             if isinstance(outcome, Slow):
