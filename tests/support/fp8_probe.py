@@ -11,6 +11,7 @@ finite and how far they are from the unsharded ones. Run under torchrun:
 from __future__ import annotations
 
 import json
+import os
 import sys
 
 
@@ -49,11 +50,13 @@ def main() -> None:
     loss_s, grads_s = _step(sharded.model, inputs, cams, target)
     loss_w, grads_w = _step(whole.model, inputs, cams, target)
     worst = max(float((grads_s[n] - grads_w[n]).norm() / grads_w[n].norm().clamp_min(1e-12)) for n in grads_w)
-    print(json.dumps({"rank": d.rank, "sharded": sharded.sharded, "converted": [sharded.fp8_linears, whole.fp8_linears],
-                      "float8_layers": len(fp8.converted(sharded.model)), "loss": [loss_s, loss_w],
-                      "same_grad_names": sorted(grads_s) == sorted(grads_w),
-                      "finite": all(bool(torch.isfinite(v).all()) for v in grads_s.values()),
-                      "worst_grad_rel_diff": worst}), flush=True)
+    line = json.dumps({"rank": d.rank, "sharded": sharded.sharded,
+                       "converted": [sharded.fp8_linears, whole.fp8_linears],
+                       "float8_layers": len(fp8.converted(sharded.model)), "loss": [loss_s, loss_w],
+                       "same_grad_names": sorted(grads_s) == sorted(grads_w),
+                       "finite": all(bool(torch.isfinite(v).all()) for v in grads_s.values()),
+                       "worst_grad_rel_diff": worst})
+    os.write(1, (line + "\n").encode())   # one write: two ranks' lines never interleave on the shared pipe
     d.close()
 
 
