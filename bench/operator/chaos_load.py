@@ -34,6 +34,7 @@ the operator's RSS. Prints one JSON document; exits 1 when a failure count is no
 from __future__ import annotations
 
 import argparse
+import gc
 import heapq
 import http.client
 import json
@@ -532,10 +533,41 @@ def _doc(run: Run, rng: random.Random, base: dict) -> dict:
     return doc
 
 
+class StallProbe(threading.Thread):
+    """The bench process's own stalls: a thread that sleeps 20 ms at a time and records each wake-up
+    later than 0.2 s (the GIL held or a garbage collection: the emulator and the players, which
+    timestamp what the operator does, stop with it). ``freeze``: every second, move what the process
+    holds into Python's permanent generation (``gc.freeze``), so that the full collections of an
+    append-only history (the emulator records every request) stop scanning it again."""
+
+    def __init__(self, stop: threading.Event, freeze: bool) -> None:
+        super().__init__(daemon=True)
+        self.stop, self.freeze, self.stalls = stop, freeze, []
+
+    def run(self) -> None:
+        last_freeze = time.monotonic()
+        while not self.stop.is_set():
+            before = time.monotonic()
+            time.sleep(0.02)
+            late = time.monotonic() - before - 0.02
+            if late > 0.2:
+                self.stalls.append((before, late))
+            if self.freeze and time.monotonic() - last_freeze > 1.0:
+                gc.freeze()
+                last_freeze = time.monotonic()
+
+    def report(self, wall: float) -> dict:
+        longest = sorted(self.stalls, key=lambda s: -s[1])[:5]
+        return {"gc_freeze": self.freeze, "over_0_2s": len(self.stalls),
+                "over_0_5s": sum(1 for _, s in self.stalls if s > 0.5),
+                "max_seconds": round(max((s for _, s in self.stalls), default=0.0), 2),
+                "longest": [f"{s:.2f}s at {time.strftime('%H:%M:%S', time.localtime(wall + t))}" for t, s in longest]}
+
+
 def chaos(*, runs: int = 1000, kills: int = 30, seed: int = 1, poll_seconds: float = 10.0, active: int = 60,
           kill_interval: float | None = None,
           rates: FaultRates | None = None, liveness_bound: float = 1.0, timeout: float = 3600.0,
-          linger: float = 3.0, workdir: Path | None = None) -> dict:
+          linger: float = 3.0, workdir: Path | None = None, gc_freeze: bool = True) -> dict:
     rng = random.Random(seed)
     rates = rates or FaultRates()
     tmp = Path(workdir) if workdir else Path(tempfile.mkdtemp(prefix="solar-operator-chaos-"))
@@ -551,6 +583,8 @@ def chaos(*, runs: int = 1000, kills: int = 30, seed: int = 1, poll_seconds: flo
               "machine": f"{os.cpu_count()} cores", "scenarios": dict(Counter(r.kind for r in plan))}
     base = load_case("three-stage")
     started = time.monotonic()
+    probe = StallProbe(stop, gc_freeze)
+    probe.start()
     with emulated_cluster([CRD, ANCHORS / "kubeflow.org_pytorchjobs.yaml"], tmp) as cluster:
         world = World(cluster, storage)
         sched = Scheduler(stop)
@@ -632,6 +666,7 @@ def chaos(*, runs: int = 1000, kills: int = 30, seed: int = 1, poll_seconds: flo
             op.stop()
             log.close()
         result["harness_errors"] = sched.errors[:20]
+        result["harness_stalls"] = probe.report(time.time() - time.monotonic())
         result["faults_injected"] = dict(faults.counts)
     result.update(_report(book, op, faults, plan, poll_seconds, liveness_bound))
     return result
@@ -842,6 +877,8 @@ def main() -> None:
     parser.add_argument("--active", type=int, default=60, help="unfinished runs at most at a time")
     parser.add_argument("--liveness-bound", type=float, default=1.0, help="seconds a /healthz answer may take")
     parser.add_argument("--timeout", type=float, default=3600.0)
+    parser.add_argument("--no-gc-freeze", action="store_true", help="leave the bench process's garbage collector "
+                        "as it is (its full collections over the emulator's history stall the emulator)")
     parser.add_argument("--no-api-faults", action="store_true", help="the peer: the same load, no API faults "
                         "(with --kills 0: no faults at all)")
     parser.add_argument("--out", type=Path, help="also write the JSON here")
@@ -849,7 +886,8 @@ def main() -> None:
     rates = FaultRates(0.0, 0.0, 0.0, 0.0, 0.0) if args.no_api_faults else FaultRates()
     result = chaos(runs=args.runs, kills=args.kills, kill_interval=args.kill_interval, seed=args.seed,
                    poll_seconds=args.poll_seconds,
-                   active=args.active, liveness_bound=args.liveness_bound, timeout=args.timeout, rates=rates)
+                   active=args.active, liveness_bound=args.liveness_bound, timeout=args.timeout, rates=rates,
+                   gc_freeze=not args.no_gc_freeze)
     text = json.dumps(result, indent=2)
     print(text)
     if args.out:
