@@ -5,28 +5,32 @@ stage) waited behind every poll queued before it, and kopf holds the job's next 
 returns. The handlers are coroutines instead: each hands its pass to this pool with a priority and
 awaits it (the event loop stays free; kopf still sees the handler's result or error and retries as
 before). Lower runs first: ``JOB`` (a job of the run changed), then ``CHANGE`` (created, resumed, spec
-changed), then ``POLL``; FIFO within one priority. ``workers`` threads at most, started on the first
-pass; daemon threads, so a pass still running never holds the process at exit; ``stop`` (kopf's
-cleanup) cancels what has not started, which the next start redoes from the stored status.
+changed), then ``POLL``; FIFO within one priority; every fourth pass taken is the oldest waiting
+(a steady stream of job events never starves the polls, which retry what kopf lost). ``workers``
+threads at most, started on the first pass; daemon threads, so a pass still running never holds
+the process at exit; ``stop`` (kopf's cleanup) cancels what has not started, which the next start
+redoes from the stored status.
 """
 
 from __future__ import annotations
 
 import asyncio
 import concurrent.futures
-import heapq
 import itertools
 import threading
+from collections import deque
 
 JOB, CHANGE, POLL = 0, 1, 2
+OLDEST_EVERY = 4   # every fourth pass taken is the oldest waiting, whatever its priority
 
 
 class Dispatcher:
     def __init__(self, workers: int) -> None:
         self.workers = workers
         self._cv = threading.Condition()
-        self._heap: list[tuple[int, int, concurrent.futures.Future, object, tuple]] = []
+        self._queues: dict[int, deque] = {JOB: deque(), CHANGE: deque(), POLL: deque()}
         self._seq = itertools.count()
+        self._taken = 0
         self._threads: list[threading.Thread] = []
         self._stopped = False
         self._idle = 0   # threads waiting for work
@@ -37,8 +41,8 @@ class Dispatcher:
             if self._stopped:
                 future.cancel()
                 return future
-            heapq.heappush(self._heap, (priority, next(self._seq), future, fn, args))
-            if len(self._threads) < self.workers and len(self._heap) > self._idle:
+            self._queues[priority].append((next(self._seq), future, fn, args))
+            if len(self._threads) < self.workers and self._count() > self._idle:
                 thread = threading.Thread(target=self._work, name=f"solar-reconcile-{len(self._threads)}",
                                           daemon=True)
                 self._threads.append(thread)
@@ -52,27 +56,42 @@ class Dispatcher:
 
     def queued(self) -> int:
         with self._cv:
-            return len(self._heap)
+            return self._count()
 
     def stop(self) -> None:
         """No new passes; queued ones are cancelled, running ones finish in their threads."""
         with self._cv:
             self._stopped = True
-            pending, self._heap = self._heap, []
+            pending = [item for q in self._queues.values() for item in q]
+            for q in self._queues.values():
+                q.clear()
             self._cv.notify_all()
-        for _, _, future, _, _ in pending:
+        for _, future, _, _ in pending:
             future.cancel()
+
+    def _count(self) -> int:
+        return sum(len(q) for q in self._queues.values())
+
+    def _take(self):
+        """The next pass (under the lock, some queued): the first of the most urgent queue, except
+        every ``OLDEST_EVERY``-th, the oldest of all, so that a steady stream of job events never
+        starves the polls."""
+        self._taken += 1
+        waiting = [q for _, q in sorted(self._queues.items()) if q]
+        if self._taken % OLDEST_EVERY == 0:
+            return min(waiting, key=lambda q: q[0][0]).popleft()
+        return waiting[0].popleft()
 
     def _work(self) -> None:
         while True:
             with self._cv:
                 self._idle += 1
-                while not self._heap and not self._stopped:
+                while not self._count() and not self._stopped:
                     self._cv.wait()
                 self._idle -= 1
                 if self._stopped:
                     return
-                _, _, future, fn, args = heapq.heappop(self._heap)
+                _, future, fn, args = self._take()
             if not future.set_running_or_notify_cancel():
                 continue
             try:

@@ -133,8 +133,9 @@ def register(registry: kopf.OperatorRegistry, *, poll_seconds: float = 10.0, wor
             settings.process.ultimate_exiting_timeout = exit_seconds
         metrics.RUNS.clear()  # a restarted operator in the same process re-learns runs from its watch
 
-        async def poll(namespace: str, name: str, urgent: bool) -> None:
-            await pool.run(JOB if urgent else POLL, memo.runs.reconcile, namespace, name, "poll")
+        async def poll(namespace: str, name: str, kind: str) -> None:
+            priority = {"job": JOB, "retry": CHANGE}.get(kind, POLL)
+            await pool.run(priority, memo.runs.reconcile, namespace, name, "poll")
 
         poller = Poller(poll_seconds, due=lambda ns, name, status: _active(memo, ns, name, status), poll=poll,
                         delay=_retry_delay)

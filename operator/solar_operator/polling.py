@@ -20,7 +20,8 @@ the finalizer gone. One poll of a run at a time; a poll the API server failed is
 the delay ``delay`` gives (Retry-After or a backoff), any other error is logged and the run is
 polled again at the next interval. ``soon`` brings a run's poll forward: a job event's pass, which
 kopf does not retry, that the server refused is retried by the run's next poll after the server's
-delay, with the job event's priority (``urgent``).
+delay, with the job event's priority (``urgent``). The pass is asked for as a ``job`` pass (that
+retry), a ``retry`` (after a refused poll: its kopf retry may be lost too) or a plain ``poll``.
 """
 
 from __future__ import annotations
@@ -42,7 +43,7 @@ Key = tuple[str, str]   # namespace, name
 
 class Poller:
     def __init__(self, interval: float, *, due: Callable[[str, str, dict], bool],
-                 poll: Callable[[str, str, bool], Awaitable[object]], delay: Callable[[Exception, int], float],
+                 poll: Callable[[str, str, str], Awaitable[object]], delay: Callable[[Exception, int], float],
                  clock: Callable[[], float] = time.monotonic, jitter: Callable[[], float] = random.random) -> None:
         self.interval = interval
         self._due, self._poll, self._delay = due, poll, delay
@@ -139,10 +140,10 @@ class Poller:
 
     async def _one(self, key: Key) -> None:
         after = self.interval
-        urgent = key in self._urgent
+        kind = "job" if key in self._urgent else "retry" if self._retries.get(key) else "poll"
         self._urgent.discard(key)
         try:
-            await self._poll(*key, urgent)
+            await self._poll(*key, kind)
             self._retries.pop(key, None)
         except asyncio.CancelledError:
             raise

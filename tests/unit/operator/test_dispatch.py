@@ -80,3 +80,17 @@ def test_every_reconciling_handler_is_a_coroutine():
     for id_ in ("run-created", "run-resumed", "run-updated", "run-deleted", "run-metrics",
                 "job-changed", "trainjob-changed"):
         assert inspect.iscoroutinefunction(fns[id_]), id_
+
+
+def test_a_steady_stream_of_job_passes_never_starves_a_poll():
+    pool = Dispatcher(1)
+    ran: list[str] = []
+    release = _blocked(pool)
+    pool.submit(POLL, ran.append, "poll")
+    for i in range(20):
+        pool.submit(JOB, ran.append, f"job{i}")
+    release.set()
+    pool.submit(JOB, lambda: None).result(10)
+    assert "poll" in ran[:4]   # the oldest is taken every fourth pass, whatever its priority
+    assert ran.index("poll") > 0   # but job passes still go first
+    pool.stop()

@@ -16,8 +16,8 @@ TICK = 0.05
 
 def _poller(polls: list, *, due=lambda ns, name, status: status.get("phase") != "Succeeded", fail=None,
             hold: asyncio.Event | None = None, delays: list | None = None) -> Poller:
-    async def poll(namespace: str, name: str, urgent: bool) -> None:
-        polls.append((name, time.monotonic()) if not urgent else (name, time.monotonic(), "urgent"))
+    async def poll(namespace: str, name: str, kind: str) -> None:
+        polls.append((name, time.monotonic()) if kind == "poll" else (name, time.monotonic(), kind))
         if hold is not None:
             await hold.wait()
         if fail:
@@ -107,6 +107,7 @@ def test_a_refused_poll_is_retried_after_its_delay_with_a_growing_retry_count():
     poller.seen("ns", "a", {})
     asyncio.run(_running(poller, 12 * TICK))
     assert delays == [0, 1, 2] and len(polls) >= 4   # three refusals, then it goes on
+    assert [p[2:] for p in polls[:4]] == [(), ("retry",), ("retry",), ("retry",)]   # retries ask more than polls
 
 
 def test_a_poll_that_raises_a_bug_is_logged_and_the_run_still_polled(caplog):
@@ -149,7 +150,7 @@ def test_a_job_events_refused_pass_is_retried_soon_and_urgently_then_polls_go_on
         task.cancel()
 
     asyncio.run(scenario())
-    assert polls[0][0] == "a" and polls[0][2:] == ("urgent",)   # at once, with the job event's priority
+    assert polls[0][0] == "a" and polls[0][2:] == ("job",)   # at once, with the job event's priority
     assert len(polls) >= 2 and all(len(p) == 2 for p in polls[1:])   # then plain polls
 
 
