@@ -5,8 +5,8 @@ stage) waited behind every poll queued before it, and kopf holds the job's next 
 returns. The handlers are coroutines instead: each hands its pass to this pool with a priority and
 awaits it (the event loop stays free; kopf still sees the handler's result or error and retries as
 before). Lower runs first: ``JOB`` (a job of the run changed), then ``CHANGE`` (created, resumed, spec
-changed), then ``POLL``; FIFO within one priority; every fourth pass taken is the oldest waiting
-(a steady stream of job events never starves the polls, which retry what kopf lost). ``workers``
+changed), then ``POLL``; FIFO within one priority; a pass that has waited more than ``MAX_WAIT``
+goes first (a steady stream of job events never starves the polls, which retry what kopf lost). ``workers``
 threads at most, started on the first pass; daemon threads, so a pass still running never holds
 the process at exit; ``stop`` (kopf's cleanup) cancels what has not started, which the next start
 redoes from the stored status.
@@ -18,10 +18,11 @@ import asyncio
 import concurrent.futures
 import itertools
 import threading
+import time
 from collections import deque
 
 JOB, CHANGE, POLL = 0, 1, 2
-OLDEST_EVERY = 4   # every fourth pass taken is the oldest waiting, whatever its priority
+MAX_WAIT = 2.0   # seconds: a pass waiting longer is taken first, whatever its priority
 
 
 class Dispatcher:
@@ -30,7 +31,6 @@ class Dispatcher:
         self._cv = threading.Condition()
         self._queues: dict[int, deque] = {JOB: deque(), CHANGE: deque(), POLL: deque()}
         self._seq = itertools.count()
-        self._taken = 0
         self._threads: list[threading.Thread] = []
         self._stopped = False
         self._idle = 0   # threads waiting for work
@@ -41,7 +41,7 @@ class Dispatcher:
             if self._stopped:
                 future.cancel()
                 return future
-            self._queues[priority].append((next(self._seq), future, fn, args))
+            self._queues[priority].append((time.monotonic(), next(self._seq), future, fn, args))
             if len(self._threads) < self.workers and self._count() > self._idle:
                 thread = threading.Thread(target=self._work, name=f"solar-reconcile-{len(self._threads)}",
                                           daemon=True)
@@ -66,20 +66,20 @@ class Dispatcher:
             for q in self._queues.values():
                 q.clear()
             self._cv.notify_all()
-        for _, future, _, _ in pending:
+        for _, _, future, _, _ in pending:
             future.cancel()
 
     def _count(self) -> int:
         return sum(len(q) for q in self._queues.values())
 
     def _take(self):
-        """The next pass (under the lock, some queued): the first of the most urgent queue, except
-        every ``OLDEST_EVERY``-th, the oldest of all, so that a steady stream of job events never
-        starves the polls."""
-        self._taken += 1
+        """The next pass (under the lock, some queued): the oldest, when it has waited more than
+        ``MAX_WAIT``, else the first of the most urgent queue (a steady stream of job events never
+        starves the polls)."""
         waiting = [q for _, q in sorted(self._queues.items()) if q]
-        if self._taken % OLDEST_EVERY == 0:
-            return min(waiting, key=lambda q: q[0][0]).popleft()
+        oldest = min(waiting, key=lambda q: q[0][1])
+        if time.monotonic() - oldest[0][0] > MAX_WAIT:
+            return oldest.popleft()
         return waiting[0].popleft()
 
     def _work(self) -> None:
@@ -91,7 +91,7 @@ class Dispatcher:
                 self._idle -= 1
                 if self._stopped:
                     return
-                _, future, fn, args = self._take()
+                _, _, future, fn, args = self._take()
             if not future.set_running_or_notify_cancel():
                 continue
             try:
