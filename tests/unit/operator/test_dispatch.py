@@ -86,7 +86,7 @@ def test_every_reconciling_handler_is_a_coroutine():
 def test_a_steady_stream_of_job_passes_never_starves_a_poll(monkeypatch):
     from solar_operator import dispatch
 
-    monkeypatch.setattr(dispatch, "MAX_WAIT", 0.2)
+    monkeypatch.setattr(dispatch, "MAX_WAIT", 0.2)   # (10 s in the operator)
     pool = Dispatcher(1)
     ran: list[str] = []
     release = _blocked(pool)
