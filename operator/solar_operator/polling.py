@@ -93,14 +93,6 @@ class Poller:
         if self._next.get(key, float("inf")) > self._clock() + after:
             self._schedule(key, after)
 
-    def scheduled(self, namespace: str, name: str) -> float | None:
-        """Seconds until the run's next poll (None: not known)."""
-        at = self._next.get((namespace, name))
-        return None if at is None else at - self._clock()
-
-    def __len__(self) -> int:
-        return len(self._status)
-
     def _schedule(self, key: Key, after: float) -> None:
         at = self._clock() + after
         self._next[key] = at

@@ -69,7 +69,7 @@ def merge_diff(old: dict, new: dict) -> dict:
     return patch
 
 
-FINALIZER = "solarwm.io/jobs"   # on a run the operator may still create a job for (``_hold``)
+FINALIZER = "solarwm.io/jobs"   # on a run the operator may still create a job for (``_keep_finalizer``)
 EVENT_ATTEMPTS = 5   # tries of one Event (its first post and four later reconciles) before it counts as dropped
 
 
@@ -175,15 +175,15 @@ class Reconciler:
             return None
         meta = run["metadata"]
         if meta.get("deletionTimestamp"):
-            self._hold(run, False)   # no pass of the run is in flight (they never overlap): let it go
+            self._keep_finalizer(run, False)   # no pass of the run is in flight (they never overlap): let it go
             return None
         stored = {k: v for k, v in (run.get("status") or {}).items() if k in STATUS_KEYS}
         previous = _previous(stored, namespace, name)
         leftover = previous is not None and bool(previous.jobsToDelete)  # a finished run's deletes to finish
         if previous is not None and previous.phase in machine.TERMINAL and not leftover:
-            self._hold(run, False)   # finished: no job will be created for it any more
+            self._keep_finalizer(run, False)   # finished: no job will be created for it any more
             return None
-        self._hold(run, True)        # before anything that may create a job
+        self._keep_finalizer(run, True)        # before anything that may create a job
         generation = int(meta.get("generation") or 1)
         spec, plan, invalid = _parse(run, self._plan, meta.get("uid", ""), generation)
         jobs, files, root = {}, {}, None
@@ -233,16 +233,16 @@ class Reconciler:
             self._seen[key] = {job.name: job.version for job in jobs.values()} | self._created.pop(key, {})
         return decision
 
-    def _hold(self, run: dict, hold: bool) -> None:
+    def _keep_finalizer(self, run: dict, keep: bool) -> None:
         """Add or remove ``FINALIZER`` on the run (a merge patch conditioned on the resourceVersion just
         read: a 409 retries the pass). While the run may still get a job it carries the finalizer, so
         a delete waits for the pass in flight: a pass that read the run before the delete cannot create
         a job after the run and its jobs are gone (the garbage collector would not see it)."""
         meta = run["metadata"]
         finalizers = list(meta.get("finalizers") or [])
-        if (FINALIZER in finalizers) == hold:
+        if (FINALIZER in finalizers) == keep:
             return
-        finalizers = finalizers + [FINALIZER] if hold else [f for f in finalizers if f != FINALIZER]
+        finalizers = finalizers + [FINALIZER] if keep else [f for f in finalizers if f != FINALIZER]
         patched = self.kube.patch_run(meta["namespace"], meta["name"], {"metadata": {
             "finalizers": finalizers or None, "resourceVersion": meta.get("resourceVersion")}})
         if patched is not None:
