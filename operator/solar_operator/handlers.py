@@ -55,10 +55,15 @@ EXIT_SECONDS = 4.5   # SIGTERM to exit, at most (kopf's ultimate exiting timeout
 WORKERS = 8          # reconcile threads (--workers, SOLAR_OPERATOR_WORKERS; kopf's own pool too)
 
 
+def _finished(status: dict) -> bool:
+    """A final verdict with no job left to delete: no pass will create or delete a job for the run."""
+    return status.get("phase") in FINISHED and not status.get("jobsToDelete")
+
+
 def _active(memo: kopf.Memo, namespace: str, name: str, status: dict) -> bool:
     """Polled while the run is not finished, or while its final verdict's job deletes or Events of
     it wait for another try."""
-    if status.get("phase") not in FINISHED or status.get("jobsToDelete"):
+    if not _finished(status):
         return True
     runs = getattr(memo, "runs", None)
     return runs is not None and runs.pending_events(namespace, name) > 0
@@ -66,14 +71,12 @@ def _active(memo: kopf.Memo, namespace: str, name: str, status: dict) -> bool:
 
 def _to_release(meta, status: dict) -> bool:
     """The run carries the operator's finalizer and is being deleted or finished: a pass removes it."""
-    return FINALIZER in (meta.get("finalizers") or []) and bool(
-        meta.get("deletionTimestamp") or (status.get("phase") in FINISHED and not status.get("jobsToDelete")))
+    return FINALIZER in (meta.get("finalizers") or []) and bool(meta.get("deletionTimestamp") or _finished(status))
 
 
 def _settled(meta, status: dict) -> bool:
     """Finished, nothing left to delete, no finalizer of the operator's: no pass has anything to do."""
-    return (status.get("phase") in FINISHED and not status.get("jobsToDelete")
-            and FINALIZER not in (meta.get("finalizers") or []))
+    return _finished(status) and FINALIZER not in (meta.get("finalizers") or [])
 
 
 def _retry_delay(exc: Exception, retry: int) -> float:
