@@ -556,12 +556,18 @@ class StallProbe(threading.Thread):
                 gc.freeze()
                 last_freeze = time.monotonic()
 
-    def report(self, wall: float) -> dict:
+    def report(self) -> dict:
         longest = sorted(self.stalls, key=lambda s: -s[1])[:5]
         return {"gc_freeze": self.freeze, "over_0_2s": len(self.stalls),
                 "over_0_5s": sum(1 for _, s in self.stalls if s > 0.5),
                 "max_seconds": round(max((s for _, s in self.stalls), default=0.0), 2),
-                "longest": [f"{s:.2f}s at {time.strftime('%H:%M:%S', time.localtime(wall + t))}" for t, s in longest]}
+                "longest": [f"{s:.2f}s at {_wall_clock(t)}" for t, s in longest]}
+
+
+def _wall_clock(monotonic: float) -> str:
+    """A time.monotonic() moment as the wall clock the operator's log shows (HH:MM:SS.mmm)."""
+    at = time.time() - time.monotonic() + monotonic
+    return f"{time.strftime('%H:%M:%S', time.localtime(at))}.{int(at % 1 * 1000):03d}"
 
 
 def chaos(*, runs: int = 1000, kills: int = 30, seed: int = 1, poll_seconds: float = 10.0, active: int = 60,
@@ -666,7 +672,7 @@ def chaos(*, runs: int = 1000, kills: int = 30, seed: int = 1, poll_seconds: flo
             op.stop()
             log.close()
         result["harness_errors"] = sched.errors[:20]
-        result["harness_stalls"] = probe.report(time.time() - time.monotonic())
+        result["harness_stalls"] = probe.report()
         result["faults_injected"] = dict(faults.counts)
     result.update(_report(book, op, faults, plan, poll_seconds, liveness_bound))
     return result
@@ -792,7 +798,7 @@ def _report(book: Book, op: Operator, faults: Faults, plan: list[Run], poll: flo
                 miscounted.append(f"{run.name}/{st['name']}: status attempt {st.get('attempt')} failures "
                                   f"{st.get('failures')}, jobs ran {ran} attempts, {failures} failed")
     # reactions
-    stuck, next_all, next_clean, clean_cases = [], [], [], []
+    stuck, next_all, next_clean = [], [], []   # next_clean: (seconds, run, start)
     for r in book.reactions:
         if r.done is None:
             run = book.runs.get(r.run)
@@ -812,8 +818,7 @@ def _report(book: Book, op: Operator, faults: Faults, plan: list[Run], poll: flo
             cut = any(r.start <= t <= r.done for t in faults.cuts)
             if not hit and not cut and _down_overlap(book.down, r.start, r.done) == 0 and \
                     not any(r.start <= s <= r.done for s, _ in book.down):
-                next_clean.append(took)
-                clean_cases.append((took, r.run, r.start))
+                next_clean.append((took, r.run, r.start))
     # kills: to the new process answering, and to every reaction pending at the kill done
     to_ready, to_converged = [], []
     for killed, answered in book.down:
@@ -857,11 +862,9 @@ def _report(book: Book, op: Operator, faults: Faults, plan: list[Run], poll: flo
     out["start_to_first_200"] = _percentiles(first) if first else None
     out["liveness_answers"] = _percentiles(answered) if answered else None
     out["next_job"] = _percentiles(next_all) if next_all else None
-    out["next_job_outside_faults"] = _percentiles(next_clean) if next_clean else None
-    wall = time.time() - time.monotonic()   # the slowest of them, to find in the operator's log
-    out["next_job_outside_faults_slowest"] = [
-        f"{run}: {took:.2f}s from {time.strftime('%H:%M:%S', time.localtime(wall + start))}"
-        f".{int((wall + start) % 1 * 1000):03d}" for took, run, start in sorted(clean_cases, reverse=True)[:8]]
+    out["next_job_outside_faults"] = _percentiles([c[0] for c in next_clean]) if next_clean else None
+    out["next_job_outside_faults_slowest"] = [   # to find in the operator's log
+        f"{run}: {took:.2f}s from {_wall_clock(start)}" for took, run, start in sorted(next_clean, reverse=True)[:8]]
     out["operator_rss_mib_max"] = round(max(op.rss), 1) if op.rss else None
     return out
 
