@@ -25,7 +25,8 @@ poll interval with the time the operator was down left out), status regressions,
 the scenario's, attempts and failures in the status that differ from the jobs that ran, liveness
 answers slower than ``--liveness-bound`` or missing after a process first answered, time from a
 kill to the process answering and to every reaction pending at the kill being done, next-job
-latency (all, and outside faults: no kill and no fault on the run's own requests in between),
+latency (all, and outside faults: no kill and no fault on the run's own requests in between, a slow
+answer counting for its whole delay),
 the operator's RSS. Prints one JSON document; exits 1 when a failure count is not 0.
 
     .venv/bin/python bench/operator/chaos_load.py --runs 1000 --kills 30 --seed 1
@@ -93,7 +94,9 @@ class Faults:
         self.rng, self.rates, self.runs = rng, rates, runs
         self.lock = threading.Lock()
         self.counts: Counter = Counter()
-        self.hits: dict[str, list[float]] = defaultdict(list)   # run -> when a fault hit its requests
+        # run -> (from, to) of each fault on its requests: the moment of an error, the whole delay of a
+        # slow answer (a pass that started before a reaction and waits out a slow answer delays it)
+        self.hits: dict[str, list[tuple[float, float]]] = defaultdict(list)
         self.cuts: list[float] = []                              # when a watch stream was ended
         self.enabled = True
 
@@ -148,7 +151,8 @@ class Faults:
             self.counts[kind] += 1
             run = self._run(path, body)
             if run is not None:
-                self.hits[run].append(time.monotonic())
+                now = time.monotonic()
+                self.hits[run].append((now, now + outcome.seconds if kind == "slow" else now))
             return outcome
 
 
@@ -814,7 +818,7 @@ def _report(book: Book, op: Operator, faults: Faults, plan: list[Run], poll: flo
             stuck.append(f"{r.run}: {r.what} after {took:.1f}s ({effective:.1f}s with the operator up)")
         if r.what == "next_job":
             next_all.append(took)
-            hit = any(r.start <= t <= r.done for t in faults.hits.get(r.run, []))
+            hit = any(a <= r.done and r.start <= b for a, b in faults.hits.get(r.run, []))
             cut = any(r.start <= t <= r.done for t in faults.cuts)
             if not hit and not cut and _down_overlap(book.down, r.start, r.done) == 0 and \
                     not any(r.start <= s <= r.done for s, _ in book.down):

@@ -39,6 +39,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import time
 
 import kopf
 
@@ -90,7 +91,7 @@ async def _reconcile(pool: Dispatcher, priority: int, memo: kopf.Memo, namespace
     """A pass the API server failed is retried by kopf after the server's Retry-After, else after a
     backoff that doubles with each failed try of this handler (errors.backoff)."""
     try:
-        await pool.run(priority, memo.runs.reconcile, namespace, name, handler)
+        await pool.run(priority, memo.runs.reconcile, namespace, name, handler, time.monotonic())
     except errors.ApiUnavailable as exc:
         raise errors.backoff(exc, retry) from None
 
@@ -102,7 +103,7 @@ async def _job_changed(pool: Dispatcher, polls: dict, memo: kopf.Memo, namespace
     if memo.runs.unchanged(namespace, run, job, meta.get("resourceVersion")):
         return
     try:
-        await pool.run(JOB, memo.runs.reconcile, namespace, run, "job")
+        await pool.run(JOB, memo.runs.reconcile, namespace, run, "job", time.monotonic())
     except errors.ApiUnavailable as exc:
         poller = polls.get("poller")
         if poller is not None:
@@ -138,7 +139,7 @@ def register(registry: kopf.OperatorRegistry, *, poll_seconds: float = 10.0, wor
 
         async def poll(namespace: str, name: str, kind: str) -> None:
             priority = {"job": JOB, "retry": CHANGE}.get(kind, POLL)
-            await pool.run(priority, memo.runs.reconcile, namespace, name, "poll")
+            await pool.run(priority, memo.runs.reconcile, namespace, name, "poll", time.monotonic())
 
         poller = Poller(poll_seconds, due=lambda ns, name, status: _active(memo, ns, name, status), poll=poll,
                         delay=_retry_delay)

@@ -94,6 +94,9 @@ class Reconciler:
         # to one of its passes, so every such trigger of the run (not only the one kopf retries) waits
         # as asked; a job event, which brings news the run must act on, is tried at once
         self._held: dict[tuple[str, str], float] = {}
+        # run -> time.monotonic() at the start of its latest successful pass: a trigger raised before
+        # that moment needs no pass of its own (that pass read the run and its jobs after it)
+        self._passed: dict[tuple[str, str], float] = {}
 
     def forget(self, namespace: str, name: str, uid: str | None) -> None:
         """A deleted run: drop its cached plan and the Events it can no longer receive."""
@@ -102,6 +105,7 @@ class Reconciler:
             self._seen.pop((namespace, name), None)
             self._created.pop((namespace, name), None)
             self._held.pop((namespace, name), None)
+            self._passed.pop((namespace, name), None)
             for _ in self._events.pop((namespace, name), []):
                 metrics.EVENTS.labels(result="dropped").inc()
 
@@ -122,11 +126,18 @@ class Reconciler:
             metrics.RECONCILE.labels(handler="job", result="unchanged").inc()
         return unchanged
 
-    def reconcile(self, namespace: str, name: str, handler: str) -> machine.Decision | None:
+    def reconcile(self, namespace: str, name: str, handler: str, asked: float | None = None
+                  ) -> machine.Decision | None:
         """Reconcile the run now, or, when a reconcile of it is in flight, have that one run again
-        when it ends (this call returns None at once)."""
+        when it ends (this call returns None at once). ``asked``: the ``time.monotonic()`` the
+        trigger was raised (queued); a pass of the run that started after it and succeeded has
+        done its work (it read the run and its jobs later), so none runs (``covered``): at load and
+        after a restart a run's job events, resume, retries and poll queue up behind each other."""
         key = (namespace, name)
         with self._guard:
+            if asked is not None and self._passed.get(key, float("-inf")) > asked:
+                metrics.RECONCILE.labels(handler=handler, result="covered").inc()
+                return None
             wait = self._held.get(key, 0.0) - time.monotonic()
             if wait > 0 and handler != "job":
                 metrics.RECONCILE.labels(handler=handler, result="held").inc()
@@ -139,6 +150,7 @@ class Reconciler:
             self._running.add(key)
         try:
             while True:
+                started = time.monotonic()
                 try:
                     with metrics.timed(handler):
                         decision = self._reconcile(namespace, name)
@@ -149,6 +161,7 @@ class Reconciler:
                     raise
                 with self._guard:
                     self._held.pop(key, None)
+                    self._passed[key] = started
                     if key not in self._again:
                         return decision
                     handler = self._again.pop(key)  # the pass the coalesced triggers asked for

@@ -124,6 +124,43 @@ def test_triggers_of_a_busy_run_are_coalesced_not_queued(world):  # noqa: F811
     assert coalesced and coalesced >= 10
 
 
+def test_a_trigger_that_a_later_pass_covered_runs_no_pass(world):  # noqa: F811
+    """A trigger raised before a pass of the run started, which then succeeded, needs no pass of its
+    own: that pass read the run and its jobs after it (after a restart a run's job events, resume and
+    poll queue up behind one another). A trigger raised after that start still gets its pass, and a
+    failed pass covers nothing."""
+    from solar_operator.main import reconciler
+
+    r = reconciler(world.storage, url=world.cluster.url)
+    world.apply(_run("covered"))
+    passes, fail = [], []
+    real = r._reconcile
+
+    def counting(namespace, name):
+        passes.append(time.monotonic())
+        if fail:
+            raise operator_errors.ApiUnavailable(fail.pop(), delay=1.0)
+        return real(namespace, name)
+
+    r._reconcile = counting
+    before = time.monotonic()
+    r.reconcile(world.namespace, "covered", "create", before)
+    assert len(passes) == 1
+    assert r.reconcile(world.namespace, "covered", "job", before) is None   # queued before that pass
+    assert len(passes) == 1
+    covered = metrics.REGISTRY.get_sample_value("solar_operator_reconcile_total",
+                                                {"handler": "job", "result": "covered"})
+    assert covered and covered >= 1
+    r.reconcile(world.namespace, "covered", "poll", time.monotonic())   # raised after it: a pass
+    assert len(passes) == 2
+    queued = time.monotonic()
+    fail.append("chaos: internal error")
+    with pytest.raises(operator_errors.ApiUnavailable):
+        r.reconcile(world.namespace, "covered", "poll", time.monotonic())
+    r.reconcile(world.namespace, "covered", "job", queued)   # the pass after it failed: still runs
+    assert len(passes) == 4
+
+
 def test_the_liveness_probe_is_answered_by_the_event_loop():
     """kopf runs a sync probe in its handler thread pool, where it would wait behind reconciles; the
     operator's probe is a coroutine, and the pool size is the operator's setting."""
