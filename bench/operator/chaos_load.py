@@ -817,21 +817,24 @@ def _report(book: Book, op: Operator, faults: Faults, plan: list[Run], poll: flo
         if effective > stuck_limit:
             stuck.append(f"{r.run}: {r.what} after {took:.1f}s ({effective:.1f}s with the operator up)")
         if r.what == "next_job":
-            next_all.append(took)
+            next_all.append((took, r.run, r.start))
             hit = any(a <= r.done and r.start <= b for a, b in faults.hits.get(r.run, []))
             cut = any(r.start <= t <= r.done for t in faults.cuts)
             if not hit and not cut and _down_overlap(book.down, r.start, r.done) == 0 and \
                     not any(r.start <= s <= r.done for s, _ in book.down):
                 next_clean.append((took, r.run, r.start))
     # kills: to the new process answering, and to every reaction pending at the kill done
-    to_ready, to_converged = [], []
+    to_ready, to_converged, last = [], [], []   # last: (seconds, the reaction that ended the convergence)
     for killed, answered in book.down:
         if answered is None:
             continue
         to_ready.append(answered - killed)
-        pending = [r.done for r in book.reactions if r.start <= answered and (r.done is None or r.done >= killed)]
-        ends = [d for d in pending if d is not None]
-        to_converged.append(max([answered, *ends]) - killed)
+        pending = [r for r in book.reactions if r.start <= answered and (r.done is None or r.done >= killed)]
+        ends = [r for r in pending if r.done is not None]
+        end = max(ends, key=lambda r: r.done, default=None)
+        to_converged.append(max(answered, end.done if end else answered) - killed)
+        if end is not None and end.done > answered:
+            last.append((end.done - killed, f"{end.run} {end.what} from {_wall_clock(end.start)}"))
     # liveness: after each process first answered, until it was killed
     slow = missing = 0
     first = [s["first_200"] - s["started"] for s in op.starts if s["first_200"] is not None]
@@ -865,7 +868,10 @@ def _report(book: Book, op: Operator, faults: Faults, plan: list[Run], poll: flo
     out["kill_to_converged"] = _percentiles(to_converged) if to_converged else None
     out["start_to_first_200"] = _percentiles(first) if first else None
     out["liveness_answers"] = _percentiles(answered) if answered else None
-    out["next_job"] = _percentiles(next_all) if next_all else None
+    out["kill_to_converged_slowest"] = [f"{took:.1f}s: {what}" for took, what in sorted(last, reverse=True)[:8]]
+    out["next_job"] = _percentiles([c[0] for c in next_all]) if next_all else None
+    out["next_job_slowest"] = [
+        f"{run}: {took:.2f}s from {_wall_clock(start)}" for took, run, start in sorted(next_all, reverse=True)[:8]]
     out["next_job_outside_faults"] = _percentiles([c[0] for c in next_clean]) if next_clean else None
     out["next_job_outside_faults_slowest"] = [   # to find in the operator's log
         f"{run}: {took:.2f}s from {_wall_clock(start)}" for took, run, start in sorted(next_clean, reverse=True)[:8]]

@@ -20,7 +20,9 @@ the finalizer gone. One poll of a run at a time; a poll the API server failed is
 the delay ``delay`` gives (Retry-After or a backoff), any other error is logged and the run is
 polled again at the next interval. ``soon`` brings a run's poll forward: a job event's pass, which
 kopf does not retry, that the server refused is retried by the run's next poll after the server's
-delay, with the job event's priority (``urgent``). The pass is asked for as a ``job`` pass (that
+delay, with the job event's priority (``urgent``); asked while the run's poll is in flight (that poll
+may have read the run before the news, or be covered by an earlier pass: ``Reconciler.reconcile``),
+it comes when that poll ends. The pass is asked for as a ``job`` pass (that
 retry), a ``retry`` (after a refused poll: its kopf retry may be lost too) or a plain ``poll``.
 """
 
@@ -56,6 +58,7 @@ class Poller:
         self._running: set[Key] = set()
         self._release: set[Key] = set()        # runs whose finalizer a pass is to remove
         self._urgent: set[Key] = set()         # runs whose next poll retries a job event's pass
+        self._asked: dict[Key, float] = {}     # runs whose poll is in flight: the earliest ``soon`` since
         self._wake = asyncio.Event()
 
     # -- fed by the watch (event loop) -----------------------------------------------------------
@@ -70,6 +73,7 @@ class Poller:
             self._retries.pop(key, None)
             self._release.discard(key)
             self._urgent.discard(key)
+            self._asked.pop(key, None)
             return
         known = key in self._status
         self._status[key] = dict(status or {})
@@ -90,7 +94,9 @@ class Poller:
             return
         if urgent:
             self._urgent.add(key)
-        if self._next.get(key, float("inf")) > self._clock() + after:
+        if key in self._running:   # kept for when that poll ends: it may have read the run before the news
+            self._asked[key] = min(self._asked.get(key, float("inf")), self._clock() + after)
+        elif self._next.get(key, float("inf")) > self._clock() + after:
             self._schedule(key, after)
 
     def _schedule(self, key: Key, after: float) -> None:
@@ -148,5 +154,8 @@ class Poller:
             log.exception("poll of SolarRun %s/%s failed", *key)
         finally:
             self._running.discard(key)
+        asked = self._asked.pop(key, None)
+        if asked is not None:   # a ``soon`` while it ran (a refused job event's pass, a release)
+            after = min(after, max(asked - self._clock(), 0.0))
         if key in self._status:   # not deleted meanwhile
             self._schedule(key, after)

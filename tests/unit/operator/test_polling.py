@@ -154,6 +154,33 @@ def test_a_job_events_refused_pass_is_retried_soon_and_urgently_then_polls_go_on
     assert len(polls) >= 2 and all(len(p) == 2 for p in polls[1:])   # then plain polls
 
 
+def test_a_soon_asked_while_the_runs_poll_is_in_flight_comes_when_it_ends():
+    """The poll in flight may have read the run before the news (or be covered by an earlier pass), so
+    a refused job event's retry asked meanwhile is not folded into it: it follows at once, urgently,
+    instead of an interval later."""
+    polls: list = []
+
+    async def scenario():
+        hold = asyncio.Event()
+        poller = _poller(polls, hold=hold)
+        poller.interval = 40 * TICK     # a long interval: the retry must not wait for it
+        poller.seen("ns", "a", {})
+        task = asyncio.ensure_future(poller.run())
+        await asyncio.sleep(12 * TICK)  # the first poll (at 8 TICK) is in flight
+        assert len(polls) == 1
+        poller.soon("ns", "a", 0.0, urgent=True)
+        await asyncio.sleep(2 * TICK)
+        assert len(polls) == 1          # one poll of a run at a time
+        ended = time.monotonic()
+        hold.set()
+        await asyncio.sleep(4 * TICK)
+        task.cancel()
+        return ended
+
+    ended = asyncio.run(scenario())
+    assert len(polls) == 2 and polls[1][2:] == ("job",) and polls[1][1] - ended < 2 * TICK
+
+
 def test_a_restart_reconciles_only_the_runs_that_need_it():
     from solar_operator.runs import FINALIZER
 
