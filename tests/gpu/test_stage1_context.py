@@ -1,7 +1,8 @@
 """On a CUDA device: Stage1 TF-AnyFlow with the clean half run once per prompt gives the loss and
 gradients of the full-sequence forwards — flex attention with the teacher-forcing block masks, fp32
-and under bf16 autocast, and with compiled, checkpointed blocks (``runtime.compile``). The same for
-MiniMax-H3's context (text, anchor, audio, clean; once a step), eager.
+and under bf16 autocast; with compiled, checkpointed blocks (``runtime.compile``) the step keeps
+the full-sequence forwards. The same for MiniMax-H3's context (text, anchor, audio, clean; once a
+step), eager.
 Skipped without CUDA."""
 
 from __future__ import annotations
@@ -28,7 +29,9 @@ def test_clean_context_matches_the_full_sequence_on_gpu(bf16, compiled):
         with torch.autocast("cuda", dtype=torch.bfloat16, enabled=bf16):
             ref_loss, _, ref_grads, *_ = _loss_and_grads(model, cfg, batch, negative, step, False)
             loss, _, grads, calls, _ = _loss_and_grads(model, cfg, batch, negative, step, True)
-        assert calls == {"full": 1, "context": 2, "noisy": 4}   # compiled too (parallelize.fixed_shapes)
+        # compiled blocks keep the full-sequence forwards (bench/RESULTS.md: the compile with the
+        # context did not finish); the numbers are the same either way
+        assert calls == ({"full": 5, "context": 0, "noisy": 0} if compiled else {"full": 1, "context": 2, "noisy": 4})
         torch.testing.assert_close(loss, ref_loss, rtol=tol, atol=tol)
         for name, g in grads.items():
             torch.testing.assert_close(g, ref_grads[name], rtol=5 * tol, atol=5 * tol, msg=name)

@@ -73,18 +73,9 @@ def apply_compile(model: torch.nn.Module) -> int:
     return len(blocks)
 
 
-def fixed_shapes():
-    """Compile the blocks called inside for exactly the shapes they see. Dynamo otherwise makes a
-    dimension symbolic once a second shape reaches a compiled block (automatic dynamic shapes):
-    Stage1's clean context, its noisy half (rectangular masks) and its forward with grad (twice
-    the tokens) are three fixed shapes, each a graph of its own, instead of one graph over a
-    symbolic sequence length, which took 2.3x as long to compile on the CPU (the tiny Stage1 step,
-    cold caches: 81.8 against 35.4 s) and is the likely reason the 5B step's compile had not
-    finished after 395 s on the H200 (bench/RESULTS.md). Chunk generation keeps its one dynamic
-    key length (``ChunkCache``): it does not run inside."""
-    import torch._dynamo
-
-    return torch._dynamo.config.patch(automatic_dynamic_shapes=False)
+def is_compiled(model: torch.nn.Module) -> bool:
+    """Whether ``apply_compile`` compiled the model's blocks."""
+    return any(getattr(block, "_compiled_call_impl", None) is not None for block in blocks_of(model))
 
 
 def device_mesh(*, world: int, local_world: int, strategy: str, device: torch.device):

@@ -25,7 +25,6 @@ from solar.config.schema import RunConfig
 from solar.launch.batch import Batch, host_noise, to_device
 from solar.objectives import anyflow as af
 from solar.objectives import fm
-from solar.train.parallelize import fixed_shapes
 
 Gather = Callable[[list], list]  # every logical-global sample's (loss, is_diffusion) from this micro-batch's
 
@@ -94,9 +93,8 @@ def anyflow_loss(model, cfg: RunConfig, batch: Batch, *, step: int, dp_rank: int
     r_f = to_device(r_raw, device)[:, None].expand(B, frames).clone()
     if keep is not None:  # masked_fill: a boolean index on a GPU tensor waits for the device (nonzero)
         t_f, r_f = t_f.masked_fill(keep, 0.0), r_f.masked_fill(keep, 0.0)
-    with fixed_shapes():   # compiled blocks: a graph per forward shape, none symbolic
-        terms = af.flow_map_terms(velocity, x0, eps, t_f, r_f, mask, guidance=guidance,
-                                  epsilon=a.central_difference_epsilon, keep=keep)
+    terms = af.flow_map_terms(velocity, x0, eps, t_f, r_f, mask, guidance=guidance,
+                              epsilon=a.central_difference_epsilon, keep=keep)
     losses = terms.losses
     if a.rescale_non_diffusion:
         everyone = gather([(float(v), bool(d)) for v, d in zip(losses.detach(), pairs.is_diffusion)])
@@ -145,10 +143,15 @@ def _wan_velocity(model, x0: torch.Tensor, batch: Batch, neg: torch.Tensor | Non
 
 
 def _reuses_context(model, clean_context: bool) -> bool:
-    """Whether the forwards without grad run against a teacher-forcing context: asked for and the
-    model has one, with or without sequence parallelism (each rank keeps its heads of the context's
-    keys/values) and compiled blocks (each shape its own graph: ``parallelize.fixed_shapes``)."""
-    return clean_context and hasattr(model, "teacher_context")
+    """Whether the forwards without grad run against a teacher-forcing context: asked for, the model
+    has one, with or without sequence parallelism (each rank keeps its heads of the context's
+    keys/values), but not with compiled blocks: on the H200 a compiled 5B Stage1 step with the
+    context had not finished its first step after 395 s, nor after 215 s with every forward shape
+    compiled as a fixed shape (no automatic dynamic shapes), and the tiny GPU test's compiled case
+    did not finish either (bench/RESULTS.md), so compiled runs keep the full-sequence forwards."""
+    from solar.train.parallelize import is_compiled
+
+    return clean_context and hasattr(model, "teacher_context") and not is_compiled(model)
 
 
 def _h3_output(model, x0: torch.Tensor, batch: Batch, anchor, audio, t_audio, cameras, clean_context: bool):
