@@ -43,11 +43,12 @@ def train(config: Path, sets: list[str], *, nproc: int = 1, extra_env: dict | No
     return subprocess.run(cmd, cwd=REPO, env=env(extra_env), capture_output=True, text=True, timeout=timeout)
 
 
-def infer(config: Path, sets: list[str], *, timeout: int = 600) -> subprocess.CompletedProcess:
+def infer(config: Path, sets: list[str], *, timeout: int = 600, extra_env: dict | None = None
+          ) -> subprocess.CompletedProcess:
     args = [sys.executable, "-m", "solar", "infer", "--config", str(config)]
     for item in sets:
         args += ["--set", item]
-    return subprocess.run(args, cwd=REPO, env=env(), capture_output=True, text=True, timeout=timeout)
+    return subprocess.run(args, cwd=REPO, env=env(extra_env), capture_output=True, text=True, timeout=timeout)
 
 
 def steps(run: Path, rank: int = 0) -> list[dict]:

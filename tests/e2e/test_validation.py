@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import gzip
 import json
+import os
 
 import pytest
 
@@ -221,6 +222,35 @@ def test_infer_never_overwrites_a_finished_generation(validated, data, tmp_path)
     assert _infer(sets).returncode == 0
     again = _infer(sets)
     assert again.returncode == 2 and "already holds a finished generation" in again.stderr
+
+
+def _without_pyav(tmp_path) -> dict:
+    """An environment whose ``import av`` fails, as on a machine without PyAV: a package of that name
+    ahead of site-packages that raises on import."""
+    shadow = tmp_path / "no-pyav" / "av"
+    shadow.mkdir(parents=True)
+    (shadow / "__init__.py").write_text("raise ImportError(\"No module named 'av'\")\n")
+    return {"PYTHONPATH": os.pathsep.join([str(shadow.parent), os.environ.get("PYTHONPATH", "")])}
+
+
+def test_a_launch_that_could_not_write_its_videos_is_refused_before_any_work(validated, data, tmp_path):
+    """Without PyAV every slot would fail after its generation (on a GPU machine: `solar infer`
+    generated both 5B slots, then failed both at the video write); the launch is refused at once,
+    in one line, exit 2, with nothing written."""
+    hidden = _without_pyav(tmp_path)
+    out = tmp_path / "infer"
+    refused = infer(INFER, [f"data.root={data}", f"runtime.output_dir={out}",
+                            f"checkpoint.path={validated}/checkpoints/step_00000004"], extra_env=hidden)
+    assert refused.returncode == 2, refused.stderr
+    assert "write MP4 files through PyAV, which cannot be imported" in refused.stderr
+    assert refused.stderr.count("\n") == 1
+    assert not [p for p in out.rglob("*") if p.is_file()]
+    run = tmp_path / "run"
+    refused = train(CONFIG, _sets(data, run), extra_env=hidden)
+    assert refused.returncode == 2 and "pip install 'av>=12'" in refused.stderr
+    assert not [p for p in run.rglob("*") if p.is_file()]
+    trains = train(CONFIG, _sets(data, tmp_path / "plain", "runtime.validate_every=0"), extra_env=hidden)
+    assert trains.returncode == 0, trains.stderr   # a run that writes no video does not need PyAV
 
 
 @pytest.mark.parametrize("layout", [["distributed.sharding=full_shard", "train.global_batch_size=2"],

@@ -46,3 +46,19 @@ def test_videos_are_never_overwritten(tmp_path):
 def test_to_uint8_maps_the_pixel_range():
     x = torch.tensor([-1.0, 0.0, 1.0, 2.0]).view(1, 4, 1, 1).expand(3, 4, 1, 1)
     assert video.to_uint8(x)[:, 0, 0, 0].tolist() == [0, 128, 255, 255]
+
+
+def test_a_pyav_without_the_h264_encoder_is_refused_with_the_fix(monkeypatch):
+    import av
+
+    from solar.errors import SolarError
+    from solar.generation.video import check_writer
+
+    check_writer()   # this machine's PyAV (PyPI's wheels) has libx264
+
+    def no_codec(name, mode):
+        raise av.codec.codec.UnknownCodecError(name)
+
+    monkeypatch.setattr(av.codec, "Codec", no_codec)
+    with pytest.raises(SolarError, match=r"this PyAV has no H.264 encoder \(libx264: .*install PyAV's wheels"):
+        check_writer()

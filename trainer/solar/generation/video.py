@@ -9,6 +9,8 @@ from pathlib import Path
 
 import torch
 
+from solar.errors import SolarError
+
 
 def to_uint8(pixels_3FHW: torch.Tensor) -> torch.Tensor:
     """[-1, 1] float [3, F, H, W] on any device -> uint8 [F, H, W, 3] on the CPU."""
@@ -19,6 +21,22 @@ def to_uint8(pixels_3FHW: torch.Tensor) -> torch.Tensor:
 def side_by_side(left: torch.Tensor, right: torch.Tensor) -> torch.Tensor:
     frames = min(left.shape[0], right.shape[0])
     return torch.cat([left[:frames], right[:frames]], dim=2)
+
+
+def check_writer() -> None:
+    """Refuse, before any work, a launch whose validation or generation could not write its MP4s
+    (PyAV missing, or built without the H.264 encoder): otherwise every slot fails after its
+    generation, hours into a training run."""
+    try:
+        import av
+    except ImportError as exc:
+        raise SolarError(f"validation and solar infer write MP4 files through PyAV, which cannot be imported "
+                         f"({exc}); install it: pip install 'av>=12' (part of solar's trainer extra)") from None
+    try:
+        av.codec.Codec("libx264", "w")
+    except Exception as exc:  # noqa: BLE001 - PyAV's UnknownCodecError and the like
+        raise SolarError(f"this PyAV has no H.264 encoder (libx264: {exc}); install PyAV's wheels from PyPI, "
+                         f"which include it") from None
 
 
 def write_mp4(path: Path, frames_FHW3: torch.Tensor, fps: float) -> None:

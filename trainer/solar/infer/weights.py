@@ -45,12 +45,16 @@ def check_source(cfg, route) -> tuple[dict, str | None]:
 
 
 def preflight(cfg, route, plan_path: Path) -> None:
-    """Everything `solar infer` can check before it writes: weights, roles, test index, frozen plan."""
+    """Everything `solar infer` can check before it writes: weights, roles, the video writer, test
+    index, frozen plan."""
+    from solar.generation.video import check_writer
+
     _, default = check_source(cfg, route)
     for p in cfg.validation.passes:
         if p.weights == "model" and default is None:
             raise SolarError(f"validation.passes {p.name}: weights model needs checkpoint.weights or the "
                              "package's release-manifest.json")
+    check_writer()
     check_test_set(cfg, plan_path)
 
 

@@ -90,7 +90,7 @@ def train(config: str, sets: Sequence[str]) -> int:
 
 def _check(resolved, out: Path, resuming: bool, device) -> None:
     """Rank 0, before anything is written: FP8's needs, the run directory, every weight source, the
-    test set."""
+    video writer and the test set."""
     cfg = resolved.config
     from solar.train.fp8 import launch_problem
 
@@ -104,5 +104,7 @@ def _check(resolved, out: Path, resuming: bool, device) -> None:
     run = cfg.runtime
     if cfg.validation.passes and (run.validate_every or run.validation_steps):
         from solar.generation.test_set import check_test_set
+        from solar.generation.video import check_writer
 
+        check_writer()
         check_test_set(cfg, out / "validation" / "frozen-plan.json")
