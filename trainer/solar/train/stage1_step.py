@@ -146,10 +146,9 @@ def _reuses_context(model, clean_context: bool) -> bool:
     """Whether the forwards without grad run against a teacher-forcing context: asked for, the model
     has one, with or without sequence parallelism (each rank keeps its heads of the context's
     keys/values), but not with compiled blocks: on the H200 a compiled 5B Stage1 step with the
-    context had not finished its first step after 395 s, nor after 215 s with every forward shape
-    compiled as a fixed shape (no automatic dynamic shapes; the tiny GPU test's compiled case had not
-    finished either when its call's limit ended it; bench/RESULTS.md), so compiled runs keep the
-    full-sequence forwards."""
+    context had not finished its first step after 395 s, nor 205 s after its launch with every
+    forward shape compiled as a fixed shape (no automatic dynamic shapes; bench/RESULTS.md), so
+    compiled runs keep the full-sequence forwards."""
     from solar.train.parallelize import is_compiled
 
     return clean_context and hasattr(model, "teacher_context") and not is_compiled(model)
