@@ -86,12 +86,18 @@ def _retry_delay(exc: Exception, retry: int) -> float:
     return getattr(exc, "delay", None) or errors.RETRY_DELAY
 
 
+def _pass(pool: Dispatcher, priority: int, memo: kopf.Memo, namespace: str, name: str, handler: str):
+    """The run's pass in the pool, stamped with the moment its trigger was raised (a successful pass
+    that starts after it covers it: ``Reconciler.reconcile``)."""
+    return pool.run(priority, memo.runs.reconcile, namespace, name, handler, time.monotonic())
+
+
 async def _reconcile(pool: Dispatcher, priority: int, memo: kopf.Memo, namespace: str, name: str, handler: str,
                      retry: int) -> None:
     """A pass the API server failed is retried by kopf after the server's Retry-After, else after a
     backoff that doubles with each failed try of this handler (errors.backoff)."""
     try:
-        await pool.run(priority, memo.runs.reconcile, namespace, name, handler, time.monotonic())
+        await _pass(pool, priority, memo, namespace, name, handler)
     except errors.ApiUnavailable as exc:
         raise errors.backoff(exc, retry) from None
 
@@ -103,7 +109,7 @@ async def _job_changed(pool: Dispatcher, polls: dict, memo: kopf.Memo, namespace
     if memo.runs.unchanged(namespace, run, job, meta.get("resourceVersion")):
         return
     try:
-        await pool.run(JOB, memo.runs.reconcile, namespace, run, "job", time.monotonic())
+        await _pass(pool, JOB, memo, namespace, run, "job")
     except errors.ApiUnavailable as exc:
         poller = polls.get("poller")
         if poller is not None:
@@ -139,7 +145,7 @@ def register(registry: kopf.OperatorRegistry, *, poll_seconds: float = 10.0, wor
 
         async def poll(namespace: str, name: str, kind: str) -> None:
             priority = {"job": JOB, "retry": CHANGE}.get(kind, POLL)
-            await pool.run(priority, memo.runs.reconcile, namespace, name, "poll", time.monotonic())
+            await _pass(pool, priority, memo, namespace, name, "poll")
 
         poller = Poller(poll_seconds, due=lambda ns, name, status: _active(memo, ns, name, status), poll=poll,
                         delay=_retry_delay)
