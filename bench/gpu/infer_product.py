@@ -27,7 +27,7 @@ import sys
 import time
 from pathlib import Path
 
-from bench.gpu.memory_runs import _data
+from bench.gpu.memory_runs import released_data
 
 REPO = Path(__file__).resolve().parents[2]
 WORK = Path(os.environ.get("BENCH_WORK", "/tmp/solar-infer"))
@@ -49,8 +49,8 @@ def write_checkpoint(sets: list[str], root: Path) -> Path:
     from solar.config.contracts import checkpoint_contract
     from solar.config.resolve import resolve_file
     from solar.models.registry import model_from_config
-    from solar.safetensors_io import write_streaming
     from solar.storage import checkpoints as ckpt
+    from solar.train.checkpoint_io import full, write_tensors
 
     resolved = resolve_file(CONFIG, sets, expected_action="infer", placeholders=False)
     cfg = resolved.config
@@ -58,10 +58,7 @@ def write_checkpoint(sets: list[str], root: Path) -> Path:
     device = "cuda" if torch.cuda.is_available() else "cpu"
     state = model_from_config(cfg, device=device).state_dict()
     partial = ckpt.begin(root, 1)
-    (partial / "student").mkdir()
-    with open(partial / "student" / "live.safetensors", "xb") as handle:
-        write_streaming(handle, {k: (v.dtype, tuple(v.shape)) for k, v in state.items()},
-                        lambda name: state[name].detach().cpu().contiguous())
+    write_tensors(partial / "student" / "live.safetensors", full(state))   # as a save writes a role's member
     roles = {"student": {"weights": ["live"], "members": ["student/live.safetensors"]}}
     return ckpt.commit(partial, step=1, contract=checkpoint_contract(cfg, resolved.route), roles=roles,
                        trainer_state={})
@@ -70,7 +67,7 @@ def write_checkpoint(sets: list[str], root: Path) -> Path:
 def main() -> None:
     shutil.rmtree(WORK, ignore_errors=True)
     WORK.mkdir(parents=True)
-    data = Path(os.environ["BENCH_DATA"]) if "BENCH_DATA" in os.environ else _data(480, 864)
+    data = Path(os.environ["BENCH_DATA"]) if "BENCH_DATA" in os.environ else released_data(480, 864)
     out, final = WORK / "out", WORK / "run" / "checkpoints" / "step_00000001"
     started = time.time()
     checkpoint = write_checkpoint(_sets(data, final, out), WORK / "run")

@@ -46,7 +46,8 @@ CASES = {
 STEPS = {"s2_l5_480": 12, "s2_l10_480": 12}  # Stage2: student updates at outer steps 6 and 11 (AdamW allocates its state at the first)
 
 
-def _data(height: int, width: int) -> Path:
+def released_data(height: int, width: int) -> Path:
+    """``solar data synth --profile released`` data at this resolution (4 clips), made once per WORK."""
     root = WORK / f"data-{height}x{width}"
     if not (root / "train-index.jsonl.gz").exists():
         subprocess.run([sys.executable, "-m", "solar", "data", "synth", "--family", "wan22_ti2v_5b", "--out",
@@ -64,7 +65,7 @@ def prepare(work: Path, name: str, extra: list[str]) -> tuple[list[str], Path]:
     directory (a case run again starts a new one)."""
     sets = COMMON + extra
     height, width = int(_value(sets, "data.height", "480")), int(_value(sets, "data.width", "864"))
-    data = _data(height, width)
+    data = released_data(height, width)
     out = work / "runs" / name
     shutil.rmtree(out, ignore_errors=True)
     return sets + [f"data.root={data}", f"runtime.output_dir={out}"], out
