@@ -5,8 +5,8 @@ events give the step times (steady state: the median of the steps after ``WARM``
 compile) and ``memory.cuda_peak_bytes`` (``torch.cuda.max_memory_allocated``). A ``val_*`` case
 validates one test row with every pass of the config at step 1 and reads the validation event.
 
-Stage2's three 5B roles do not fit one GPU unsharded: its cases cut ``model.dims.num_layers`` (5
-and 10 blocks) and the recipe table extrapolates to 30, saying so. A ``*_profile`` case sets
+Stage2's three 5B roles do not fit one GPU unsharded: its cases cut ``model.dims.num_layers`` (5,
+10 and 15 blocks) and the recipe table extrapolates to 30, saying so. A ``*_profile`` case sets
 ``runtime.profile_steps`` and carries the trainer's profile summaries (``profile/*.json``) in its
 result. A case named ``*_before`` runs
 the trainer of the tree at ``$BENCH_BASE`` (another checkout's ``trainer/``) with the same config, so
@@ -53,6 +53,13 @@ CASES = {
         "distributed.activation_checkpointing_skip_blocks=6"], 8),
     "s1_anyflow_compile_sa_skip10": (f"{WAN}/train_stage1_tf_anyflow_81f.yaml", S1 + COMPILE + SAVE_ATTENTION + [
         "distributed.activation_checkpointing_skip_blocks=10"], 8),
+    "s1_anyflow_compile_sa_skip12": (f"{WAN}/train_stage1_tf_anyflow_81f.yaml", S1 + COMPILE + SAVE_ATTENTION + [
+        "distributed.activation_checkpointing_skip_blocks=12"], 8),
+    "s1_anyflow_compile_sa_skip14": (f"{WAN}/train_stage1_tf_anyflow_81f.yaml", S1 + COMPILE + SAVE_ATTENTION + [
+        "distributed.activation_checkpointing_skip_blocks=14"], 8),
+    # issue 25's FP8 candidate: every block linear through torchao's float8 recipe (model.fp8_linear)
+    "s1_anyflow_compile_sa_skip12_fp8": (f"{WAN}/train_stage1_tf_anyflow_81f.yaml", S1 + COMPILE + SAVE_ATTENTION + [
+        "distributed.activation_checkpointing_skip_blocks=12", "model.fp8_linear=tensorwise"], 8),
     # runtime.profile_steps: the trainer's own torch.profiler tables (steady steps)
     "s1_anyflow_profile": (f"{WAN}/train_stage1_tf_anyflow_81f.yaml", S1 + EAGER + ["runtime.profile_steps=[4]"], 4),
     "s1_anyflow_save_attention": (f"{WAN}/train_stage1_tf_anyflow_81f.yaml",
@@ -66,6 +73,7 @@ CASES = {
                                                                  "runtime.profile_steps=[10,11]"], 11),
     "s2_l5_compile": (f"{WAN}/train_stage2_sgf_81f.yaml", S2 + COMPILE + ["model.dims.num_layers=5"], 17),
     "s2_l10_compile": (f"{WAN}/train_stage2_sgf_81f.yaml", S2 + COMPILE + ["model.dims.num_layers=10"], 17),
+    "s2_l15_compile": (f"{WAN}/train_stage2_sgf_81f.yaml", S2 + COMPILE + ["model.dims.num_layers=15"], 17),
     "val_s05": (f"{WAN}/train_stage0p5_fm_81f.yaml", EAGER + VALIDATE, 1),
     "val_s1": (f"{WAN}/train_stage1_tf_anyflow_81f.yaml", S1 + EAGER + VALIDATE, 1),
     # the 4-step pass alone (an EMA pass computes the same as its live twin)

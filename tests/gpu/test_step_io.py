@@ -2,7 +2,9 @@
 batch arrive through pinned memory with the host's exact values; the Stage0.5 objective (the tiny
 Wan TI2V-5B model, fp32) launches its forward without waiting for the device (CUDA's sync debug
 mode raises on any synchronizing call) and gives the CPU's loss and per-sample losses; the records'
-losses are read in one copy afterwards. Skipped without CUDA."""
+losses are read in one copy afterwards. Stage2's critic and student losses (the tiny Wan Stage2
+config: the chunked rollout, its replay with grad, the critic's and the guided teacher's scores)
+launch without waiting for the device too and give the CPU's losses. Skipped without CUDA."""
 
 from __future__ import annotations
 
@@ -71,3 +73,31 @@ def test_stage0p5_objective_does_not_wait_for_the_device_and_matches_the_cpu(no_
     assert float(loss) == pytest.approx(float(cpu_loss), rel=1e-4)
     assert [r["loss"] for r in records] == pytest.approx([r["loss"] for r in cpu_records], rel=1e-4)
     assert [r["timestep"] for r in records] == [r["timestep"] for r in cpu_records]
+
+
+def test_stage2_losses_do_not_wait_for_the_device_and_match_the_cpu(tmp_path, no_tf32):
+    """Every draw of a Stage2 update (rollout noise, re-noising per chunk level, score levels and
+    noise) comes from the CPU generator through pinned memory, and the DMD gradient's size is read
+    after the update is queued: nothing in the forwards holds the host until the GPU catches up."""
+    from tests.unit.train.test_stage2 import _setup
+
+    state, student, batch = _setup("wan22_ti2v_5b", tmp_path)
+
+    def losses():
+        critic, _ = state.critic_loss(student, batch, torch.Generator().manual_seed(3))
+        loss, extra = state.student_loss(student, batch, torch.Generator().manual_seed(2))
+        return critic, loss, extra["dmd_gradient"]
+
+    cpu = [float(v.detach()) for v in losses()]
+    for model in (student, state.teacher, state.critic.model):
+        model.cuda()
+    batch = batch.to("cuda")
+    losses()   # warm-up: pinned blocks, kernels, block masks
+    torch.cuda.synchronize()
+    torch.cuda.set_sync_debug_mode("error")
+    try:
+        got = losses()
+    finally:
+        torch.cuda.set_sync_debug_mode("default")
+    assert all(v.is_cuda for v in got)
+    assert [float(v.detach()) for v in got] == pytest.approx(cpu, rel=1e-3)

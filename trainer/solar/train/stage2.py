@@ -35,7 +35,7 @@ import torch
 
 from solar.config.contracts import checkpoint_contract
 from solar.launch import precision
-from solar.launch.batch import Batch, collate
+from solar.launch.batch import Batch, collate, host_noise, to_device
 from solar.launch.distributed import CollectiveFailure
 from solar.launch.materialize import Lazy, checkpoint, local_part, materialize, module_tensors, released
 from solar.models.lora import active, adapters_of, role_name, shared_name
@@ -393,13 +393,13 @@ class Stage2:
         anchor = audio = t_audio = None
         if self.h3:
             k = cfg.train.fm.keyframe_anchor_t
-            anchor = k * x0[:, :, :1] + (1 - k) * torch.randn(x0[:, :, :1].shape, generator=gen).to(device)
+            anchor = k * x0[:, :, :1] + (1 - k) * host_noise(x0[:, :, :1].shape, gen, device)
             if self.audio_silence is not None:
-                silence = self.audio_silence.to(device).expand(B, *self.audio_silence.shape)
-                audio_eps = torch.randn(silence.shape, generator=gen).to(device)
-                t_audio = fm.sample_h3_times(B, cfg.model.audio_timestep_shift, gen).to(device)
+                silence = to_device(self.audio_silence, device).expand(B, *self.audio_silence.shape)
+                audio_eps = host_noise(silence.shape, gen, device)
+                t_audio = to_device(fm.sample_h3_times(B, cfg.model.audio_timestep_shift, gen), device)
                 audio = fm.noisy_h3(silence, audio_eps, t_audio)
-        negative = None if self.negative is None else self.negative.to(device)
+        negative = None if self.negative is None else to_device(self.negative, device)
         return Conditions(batch.prompt, negative, cams, None if self.h3 else x0[:, :, 0], anchor, audio, t_audio)
 
     def _pin(self, x: torch.Tensor, cond: Conditions, start: int = 0) -> torch.Tensor:
@@ -420,7 +420,7 @@ class Stage2:
         device = x0.device
         R, k = self.sgf.rollout_latents, student.cfg.chunk_latents
         chunks = R // k
-        noise = torch.randn((B, C, R, h, w), generator=gen).to(device)
+        noise = host_noise((B, C, R, h, w), gen, device)
         exits = torch.randint(0, len(self.levels), (chunks,), generator=gen).tolist()
         # Under FSDP2 every forward is a collective, but each DP rank draws its own exit levels: the
         # ranks agree on the most chunk forwards any of them runs (before the first one) and the
@@ -453,7 +453,7 @@ class Stage2:
                     x0_hat = self._pin(x - (t / N)[:, None, :, None, None] * v, cond, lo)
                     if i < exits[c]:
                         nxt = self.levels[i + 1] / N
-                        fresh = torch.randn(x0_hat.shape, generator=gen).to(device)
+                        fresh = host_noise(x0_hat.shape, gen, device)
                         x = self._pin((1 - nxt) * x0_hat + nxt * fresh, cond, lo)
                 committed[:, :, lo:hi] = x0_hat
                 if c < chunks - 1:  # the last chunk's keys and values would never be read
@@ -468,9 +468,10 @@ class Stage2:
 
     def _score_noise(self, x: torch.Tensor, cond: Conditions, gen: torch.Generator):
         B, S = x.shape[0], x.shape[2]
-        level = dmd.score_levels(B, self.resolved.config.model.timestep_shift, gen, low=self.sgf.score_timestep_min,
-                                 high=self.sgf.score_timestep_max).to(x.device)
-        eps = torch.randn(x.shape, generator=gen).to(x.device)
+        level = to_device(dmd.score_levels(B, self.resolved.config.model.timestep_shift, gen,
+                                           low=self.sgf.score_timestep_min, high=self.sgf.score_timestep_max),
+                          x.device)
+        eps = host_noise(x.shape, gen, x.device)
         s = (level / N)[:, None, None, None, None]
         noisy = self._pin((1 - s) * x + s * eps, cond)
         level_f = level[:, None].expand(B, S).clone()
@@ -502,7 +503,7 @@ class Stage2:
             mask = self._mask(output)
             gradient = dmd.kl_gradient(fake, real, output, mask)
         loss = dmd.student_loss(output, gradient, mask)
-        return loss, {"dmd_gradient": float(gradient.abs().mean()), "score_level": float(level_f[:, -1].mean())}
+        return loss, {"dmd_gradient": gradient.detach().abs().mean()}   # read after the update is queued
 
     def critic_loss(self, student, batch: Batch, gen: torch.Generator) -> tuple[torch.Tensor, dict]:
         cond = self._conditions(batch, gen)
@@ -511,7 +512,7 @@ class Stage2:
         noisy, level_f, eps = self._score_noise(output, cond, gen)
         with phase("critic-forward/critic-with-grad"), self._acting(self.critic.model, "critic"):
             v = self._velocity(self.critic.model, noisy, level_f, cond, cams=cond.cameras[:, :S])
-        return dmd.critic_loss(v, eps - output, self._mask(output)), {"score_level": float(level_f[:, -1].mean())}
+        return dmd.critic_loss(v, eps - output, self._mask(output)), {}
 
     # --- one outer step --------------------------------------------------------------------
     audio_silence: torch.Tensor | None = None
@@ -548,7 +549,7 @@ class Stage2:
         for group in optimizer.param_groups:
             group["lr"] = lr
         optimizer.zero_grad(set_to_none=True)
-        total, extra, records = 0.0, {}, []
+        losses, extra, records = [], {}, []
         for micro, batch in self._batches(loop, step):
             gen = fm.step_generator(cfg.train.seed, step, d.dp_rank, micro, purpose=role)
             loop.heartbeat.update(phase=f"{role}-forward", step=step)
@@ -557,8 +558,9 @@ class Stage2:
             loop.heartbeat.update(phase=f"{role}-backward", step=step)
             with phase(f"{role}-backward"):
                 (loss / accum).backward()
-            total += float(loss.detach()) / accum
+            losses.append(loss.detach())
             records += [{**ident, "role": role} for ident in batch.identities]
+        total = sum(v / accum for v in torch.stack(losses).tolist())   # one read per update, summed as before
         bad = None if math.isfinite(total) else f"non-finite {role} loss {total} at step {step}"
         d.exchange_error(bad, "non_finite")
         loop.heartbeat.update(phase="grad-sync", step=step)
@@ -591,7 +593,7 @@ class Stage2:
                 p.ema.update(self.student_step)
             records += recs
             event.update(student_updated=True, student_loss=loss, student_grad_norm=norm, student_lr=lr,
-                         dmd_gradient=extra["dmd_gradient"])
+                         dmd_gradient=float(extra["dmd_gradient"]))
         lr = lr_at(step, critic_opt, cfg.train.max_steps)
         loss, norm, _, recs = self._update(loop, step, "critic", self.critic.model, self.critic.params,
                                            self.critic.optimizer, critic_opt, lr,
