@@ -57,6 +57,9 @@ CASES = {
         "distributed.activation_checkpointing_skip_blocks=12"], 8),
     "s1_anyflow_compile_sa_skip14": (f"{WAN}/train_stage1_tf_anyflow_81f.yaml", S1 + COMPILE + SAVE_ATTENTION + [
         "distributed.activation_checkpointing_skip_blocks=14"], 8),
+    # the clean context with compiled blocks (the trainer's SOLAR_COMPILED_CONTEXT switch, CASE_ENV)
+    "s1_anyflow_compile_sa_skip6_ctx": (f"{WAN}/train_stage1_tf_anyflow_81f.yaml", S1 + COMPILE + SAVE_ATTENTION + [
+        "distributed.activation_checkpointing_skip_blocks=6"], 8),
     # issue 25's FP8 candidate: every block linear through torchao's float8 recipe (model.fp8_linear)
     "s1_anyflow_compile_sa_skip12_fp8": (f"{WAN}/train_stage1_tf_anyflow_81f.yaml", S1 + COMPILE + SAVE_ATTENTION + [
         "distributed.activation_checkpointing_skip_blocks=12", "model.fp8_linear=tensorwise"], 8),
@@ -80,7 +83,11 @@ CASES = {
     "val_s1_flowmap4": (f"{WAN}/train_stage1_tf_anyflow_81f.yaml", S1 + EAGER + VALIDATE + [
         "validation.passes=[{name: live-flowmap4, weights: live, solver: flowmap, steps: 4}]"], 1),
 }
+CASE_ENV = {"s1_anyflow_compile_sa_skip6_ctx": {"SOLAR_COMPILED_CONTEXT": "1"}}
 WARM = 2
+# BENCH_STACKS=N: every trainer process writes all its threads' Python stacks to its stderr every N
+# seconds (faulthandler, through a sitecustomize on its path): where a long first step spends its time
+STACKS = float(os.environ.get("BENCH_STACKS", "0"))
 LIMIT = float(os.environ.get("BENCH_CASE_LIMIT", "420"))  # BENCH_STEPS: step events to wait for
 
 
@@ -114,6 +121,13 @@ def run(name: str) -> dict:
         env["PYTHONPATH"] = f"{base / 'trainer'}:{env.get('PYTHONPATH', '')}"  # its solar package first
     if "runtime.compile=true" in extra:
         env["TORCH_LOGS"] = "recompiles,graph_breaks"
+    env.update(CASE_ENV.get(name, {}))
+    if STACKS > 0:
+        site = WORK / "stacks"
+        site.mkdir(parents=True, exist_ok=True)
+        (site / "sitecustomize.py").write_text(
+            f"import faulthandler, sys\nfaulthandler.dump_traceback_later({STACKS}, repeat=True, file=sys.stderr)\n")
+        env["PYTHONPATH"] = f"{site}:{env.get('PYTHONPATH', '')}"
     args = [sys.executable, "-m", "solar", "train", "--config", str(REPO / config)]
     for s in sets:
         args += ["--set", s]

@@ -97,3 +97,40 @@ def test_the_config_schema_rejects_unknown_kernels_and_backends():
         ModelBlock(**base, sdpa_kernel="flash2")
     with pytest.raises(ValidationError, match="attention_backend"):
         ModelBlock(**base, attention_backend="xformers")
+
+
+def test_compiled_blocks_find_the_block_mask_built_and_compile_once_per_layout():
+    """A masked run builds flex attention's block mask before its blocks (``prepare_mask``), so a
+    compiled block never traces the mask's construction: one graph serves every block and every
+    later call of a layout (before, the first block's graph built the mask and the next block,
+    finding it cached, compiled again), with the eager forward's values. Flex attention runs
+    eagerly on the CPU inside dynamo's graphs (``aot_eager``; inductor has no CPU flex backward)."""
+    import copy
+
+    import torch._dynamo
+    from torch._dynamo.utils import clear_compilation_metrics, get_compilation_metrics
+
+    from tests.unit.models.wan_helpers import TI2V, dims, ours, randomize
+
+    model = randomize(ours(dims(TI2V, layers=3), attention_backend="flex", chunk_latents=2, max_prior_clean_chunks=1,
+                           camera_transform=None))
+    gen = torch.Generator().manual_seed(3)
+    clean, noisy = (torch.randn(1, 48, 4, 4, 6, generator=gen) for _ in range(2))
+    prompt = torch.randn(1, 5, model.cfg.dims.text_dim, generator=gen)
+    t = torch.rand(1, 4, generator=gen) * 1000
+    reference = copy.deepcopy(model)   # eager, with attention of its own (no block mask shared)
+    with torch.no_grad():
+        torch._dynamo.reset()
+        clear_compilation_metrics()
+        for block in model.blocks:
+            block.compile(backend="aot_eager")
+        try:
+            first = model.forward_teacher_forcing(clean, noisy, t, prompt)
+            again = model.forward_teacher_forcing(clean, noisy, t + 1, prompt)
+            graphs = len(get_compilation_metrics())
+        finally:
+            torch._dynamo.reset()
+        eager = reference.forward_teacher_forcing(clean, noisy, t, prompt)
+    assert graphs == 1
+    torch.testing.assert_close(first, eager, rtol=1e-5, atol=1e-5)
+    assert again.shape == first.shape

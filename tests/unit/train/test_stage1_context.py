@@ -180,11 +180,15 @@ def test_h3_context_under_sequence_parallelism_gives_the_full_sequence_step():
         _assert_same_step(single[0], ref)   # and SP = 2 is SP = 1
 
 
-def test_compiled_blocks_are_recognised():
-    """The step keeps the full-sequence forwards for compiled blocks (``parallelize.is_compiled``)."""
+def test_compiled_blocks_are_recognised(monkeypatch):
+    """The step keeps the full-sequence forwards for compiled blocks (``parallelize.is_compiled``),
+    unless the benchmark's switch asks for the context."""
     from solar.train.parallelize import apply_compile, is_compiled
+    from solar.train.stage1_step import _reuses_context
 
     _, model, _, _ = _setup()
-    assert not is_compiled(model)
+    assert not is_compiled(model) and _reuses_context(model, True)
     apply_compile(model)   # nothing compiles until a block runs
-    assert is_compiled(model)
+    assert is_compiled(model) and not _reuses_context(model, True)
+    monkeypatch.setenv("SOLAR_COMPILED_CONTEXT", "1")
+    assert _reuses_context(model, True) and not _reuses_context(model, False)

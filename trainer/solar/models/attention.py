@@ -135,20 +135,40 @@ def make_flex(compile_kernel: bool | None = None) -> Callable:
         compiled = torch.compile(flex_attention, dynamic=False)
     cache: dict[tuple, tuple] = {}   # a few layouts (the teacher-forcing step alternates three)
 
-    def flex(q, k, v, mask: TokenMask | None):
-        if mask is None:
-            return compiled(q, k, v)
-        key = (id(mask), q.shape[-2], k.shape[-2], q.device)
+    def block_mask(mask: TokenMask, queries: int, keys: int, device: torch.device):
+        key = (id(mask), queries, keys, device)
         hit = cache.get(key)
         if hit is None:
             def mask_mod(b, h, q_idx, kv_idx):
                 return mask.allowed(q_idx, kv_idx)
-            block = create_block_mask(mask_mod, None, None, q.shape[-2], k.shape[-2], device=q.device)
+            block = create_block_mask(mask_mod, None, None, queries, keys, device=device)
             if len(cache) >= 4:
                 cache.pop(next(iter(cache)))
             hit = cache[key] = (mask, block)  # the mask is held so its id is not reused while cached
-        return compiled(q, k, v, block_mask=hit[1])
+        return hit[1]
+
+    def flex(q, k, v, mask: TokenMask | None):
+        if mask is None:
+            return compiled(q, k, v)
+        return compiled(q, k, v, block_mask=block_mask(mask, q.shape[-2], k.shape[-2], q.device))
+
+    def prepare(mask: TokenMask) -> None:
+        """Build ``mask``'s block mask now, outside any compiled block: inside one, the first call
+        would trace its construction into the block's graph and the next call (the cache then
+        holding it) compile the block again."""
+        total = mask.kind.numel()
+        block_mask(mask, total - mask.q_offset, total, mask.kind.device)
+
+    flex.prepare = prepare
     return flex
+
+
+def prepare_mask(attend: Callable, mask: TokenMask | None) -> None:
+    """Before a run's blocks: let ``attend`` build what it derives from ``mask`` once (flex: the
+    block mask); the blocks then find it built. A backend without such a step does nothing."""
+    prepare = getattr(attend, "prepare", None)
+    if mask is not None and prepare is not None:
+        prepare(mask)
 
 
 def build_attention(backend: str = "auto", *, device: str = "cpu", sdpa_kernel: str | None = None) -> Callable:
@@ -169,4 +189,5 @@ def build_attention(backend: str = "auto", *, device: str = "cpu", sdpa_kernel: 
 
     def auto(q, k, v, mask):
         return sdpa(q, k, v, None) if mask is None else flex(q, k, v, mask)
+    auto.prepare = flex.prepare
     return auto

@@ -27,7 +27,7 @@ import torch.nn as nn
 import torch.nn.functional as F
 
 from solar.config.families import Dims
-from solar.models.attention import TokenMask, build_attention
+from solar.models.attention import TokenMask, build_attention, prepare_mask
 from solar.models.h3 import layout as L
 from solar.models.prope import CameraMatrices, apply_rows, camera_matrices
 from solar.models.sequence_parallel import HeadExchange, SPGroup, frame_splits, gather_frames
@@ -363,6 +363,7 @@ class H3DiT(nn.Module):
         adaln = rows.groups * L.MODALITIES + rows.tags
         group_of_row, camera_frame, positions = rows.groups, rows.camera_frame, rows.positions
         attend = self.attention_fn()
+        prepare_mask(attend, mask)
         sp = self.sp if cache is None or sharded else None
         exchange = None
         if sp is not None:

@@ -28,7 +28,7 @@ import torch.nn as nn
 import torch.nn.functional as F
 
 from solar.config.families import Dims
-from solar.models.attention import TokenMask, build_attention, clean_mask, teacher_forcing_mask
+from solar.models.attention import TokenMask, build_attention, clean_mask, prepare_mask, teacher_forcing_mask
 from solar.models.prope import CameraMatrices, apply_blocks, camera_matrices
 from solar.models.rope import apply_rope, rope_tables
 from solar.models.sequence_parallel import HeadExchange, SPGroup, frame_splits, gather_frames
@@ -424,6 +424,7 @@ class WanDiT(nn.Module):
         mod = emb.time_proj(F.silu(temb)).unflatten(-1, (6, -1))                  # [B, F, 6, D]
         rope_dims = self.cfg.dims.head_dim
         attend = self.attention_fn()
+        prepare_mask(attend, mask)
         sp, exchange = self.sp, None
         if sp is not None:
             if isinstance(cache, ChunkCache):
