@@ -169,6 +169,52 @@ def test_h3_teacher_forcing_equals_chunked_kv_generation(backend):
     assert (full - torch.cat(pieces, dim=2)).abs().max().item() <= 1e-5
 
 
+def test_h3_compiled_blocks_compile_nothing_on_the_next_step():
+    """The row layout and its teacher-forcing mask are kept per call shape (one object each), so a
+    compiled block's guards on the mask hold on the next call, and a teacher context's masks too:
+    the second step compiles nothing (before, each call's new mask compiled every block again
+    until dynamo's recompile limit) and gives the eager model's values. ``aot_eager`` runs flex
+    attention eagerly on the CPU inside dynamo's graphs."""
+    import copy
+
+    import torch._dynamo
+    from torch._dynamo.utils import clear_compilation_metrics, get_compilation_metrics
+
+    model = randomize(h3_ours(camera_transform="logd4", attention_backend="flex", anyflow=True,
+                              max_prior_clean_chunks=1))
+    reference = copy.deepcopy(model)
+    frames = 10
+    clean, _, audio, ctx = _h3_inputs(frames=frames, seed=1)
+    anchor, cams = clean[:, :, :1], moving_cameras(frames)
+
+    def step(m, noisy, t):
+        kwargs = dict(anchor=anchor, audio=audio, audio_timestep=0.4, cameras=cams)
+        full = m.forward_teacher_forcing(clean, noisy, t, ctx, r_timestep=t, **kwargs)
+        context = m.teacher_context(clean, ctx, **kwargs)
+        return full, m.forward_teacher_forcing(clean, noisy, t, ctx, r_timestep=t, context=context, **kwargs)
+
+    gen = torch.Generator().manual_seed(4)
+    inputs = [(torch.randn_like(clean), torch.rand(1, frames, generator=gen)) for _ in range(2)]
+    with torch.no_grad():
+        torch._dynamo.reset()
+        for block in model.transformer_blocks:
+            block.compile(backend="aot_eager")
+        try:
+            compiles = []
+            outputs = []
+            for noisy, t in inputs:
+                clear_compilation_metrics()
+                outputs.append(step(model, noisy, t))
+                compiles.append(len(get_compilation_metrics()))
+        finally:
+            torch._dynamo.reset()
+        expected = [step(reference, noisy, t) for noisy, t in inputs]
+    assert compiles[0] > 0 and compiles[1] == 0
+    for got, want in zip(outputs, expected):
+        for g, w in zip(got, want):
+            torch.testing.assert_close(g, w, rtol=1e-5, atol=1e-5)
+
+
 def test_h3_layout_geometry():
     lay = L.build(text_tokens=3, frames=7, height=4, width=6, audio_latents=2, patch=(1, 2, 2), teacher_forcing=True)
     n = 2 * 3

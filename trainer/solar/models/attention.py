@@ -77,6 +77,13 @@ def _memo(key: tuple, build: Callable[[], TokenMask], *keep) -> TokenMask:
     return hit[0]
 
 
+def layout_mask(key: tuple, kind: torch.Tensor, chunk: torch.Tensor, window: int, *keep) -> TokenMask:
+    """The one TokenMask of a layout named by ``key`` (its tensors held by ``keep``): the same object
+    for every call with that layout, so its block mask is built once and a compiled block guarding
+    on the mask sees it unchanged (a new object per call compiled the block again every call)."""
+    return _memo(("layout", *key), lambda: TokenMask(kind, chunk, window), *keep)
+
+
 def teacher_forcing_mask(frames: int, tokens_per_frame: int, chunk: int, window: int,
                          pad: int = 0, device: torch.device | str = "cpu") -> TokenMask:
     """The mask of ``[clean frames 0..F-1 | noisy frames 0..F-1 | pad]``."""

@@ -27,7 +27,7 @@ import torch.nn as nn
 import torch.nn.functional as F
 
 from solar.config.families import Dims
-from solar.models.attention import TokenMask, build_attention, prepare_mask
+from solar.models.attention import TokenMask, build_attention, layout_mask, prepare_mask
 from solar.models.h3 import layout as L
 from solar.models.prope import CameraMatrices, apply_rows, camera_matrices
 from solar.models.sequence_parallel import HeadExchange, SPGroup, frame_splits, gather_frames
@@ -294,6 +294,7 @@ class H3DiT(nn.Module):
             self.enable_anyflow()
         self.sp: SPGroup | None = None
         self._attend = None
+        self._layouts: dict[tuple, L.Layout] = {}   # row layouts by call shape (_layout)
 
     # --- set-up -----------------------------------------------------------------------------
     def enable_anyflow(self) -> None:
@@ -451,9 +452,10 @@ class H3DiT(nn.Module):
         cache = KVCache([LayerCache() for _ in self.transformer_blocks], prompt_embeds.shape[1],
                         L.frame_grid(H, W, self.cfg.dims.patch_size)[0], window)
         self._stack(hidden, self.time_embedding(t_groups, r_groups), lay.slice_rows(slice(0, rows)),
-                    self._cams(cameras, frames, B), TokenMask(lay.kinds[:rows], lay.chunks[:rows], window), cache,
+                    self._cams(cameras, frames, B),
+                    layout_mask((id(lay), rows, window), lay.kinds[:rows], lay.chunks[:rows], window, lay), cache,
                     "prefix", sharded=True)
-        full = TokenMask(lay.kinds, lay.chunks, window)
+        full = layout_mask((id(lay), None, window), lay.kinds, lay.chunks, window, lay)
         return TeacherContext(cache, lay, full.queries_from(rows), (frames, H, W), audio_t, hidden.dtype,
                               _sp_place(self.sp))
 
@@ -482,9 +484,18 @@ class H3DiT(nn.Module):
         return self.unpatchify(video, frames, H, W)
 
     def _layout(self, prompt_embeds, frames: int, H: int, W: int, audio, anchor, tf: bool, device) -> L.Layout:
-        return _to(L.build(text_tokens=prompt_embeds.shape[1], frames=frames, height=H, width=W,
-                           audio_latents=0 if audio is None else audio.shape[2], patch=self.cfg.dims.patch_size,
-                           teacher_forcing=tf, chunk=self.cfg.chunk_latents, anchor=anchor is not None), device)
+        """The row layout of a call's shape, built (on the host, then copied) once per shape and kept:
+        the same object every step, so its masks are too (``layout_mask``)."""
+        options = dict(text_tokens=prompt_embeds.shape[1], frames=frames, height=H, width=W,
+                       audio_latents=0 if audio is None else audio.shape[2], patch=self.cfg.dims.patch_size,
+                       teacher_forcing=tf, chunk=self.cfg.chunk_latents, anchor=anchor is not None)
+        key = (*options.values(), str(device))
+        lay = self._layouts.get(key)
+        if lay is None:
+            if len(self._layouts) >= 8:
+                self._layouts.pop(next(iter(self._layouts)))
+            lay = self._layouts[key] = _to(L.build(**options), device)
+        return lay
 
     def _full(self, clean, x, timestep, prompt_embeds, anchor, audio, audio_timestep, text_timestep,
               cameras, r_timestep, return_audio):
@@ -506,7 +517,8 @@ class H3DiT(nn.Module):
         temb = self.time_embedding(t_groups, r_groups)
         mask = None
         if tf:
-            mask = TokenMask(lay.kinds, lay.chunks, self.cfg.max_prior_clean_chunks)
+            window = self.cfg.max_prior_clean_chunks
+            mask = layout_mask((id(lay), None, window), lay.kinds, lay.chunks, window, lay)
         video, audio_out = self._stack(hidden, temb, lay.slice_rows(slice(0, lay.length)),
                                        self._cams(cameras, frames, B), mask)
         video = self.unpatchify(video[:, lay.noisy], frames, H, W)
