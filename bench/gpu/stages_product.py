@@ -77,6 +77,12 @@ CASES = {
     "s2_l5_compile": (f"{WAN}/train_stage2_sgf_81f.yaml", S2 + COMPILE + ["model.dims.num_layers=5"], 17),
     "s2_l10_compile": (f"{WAN}/train_stage2_sgf_81f.yaml", S2 + COMPILE + ["model.dims.num_layers=10"], 17),
     "s2_l15_compile": (f"{WAN}/train_stage2_sgf_81f.yaml", S2 + COMPILE + ["model.dims.num_layers=15"], 17),
+    # recomputation's share: every block keeps its activations (skip 10 of 10) or its attention
+    # outputs; the per-block difference against s2_l10_compile prices skip_blocks at 30 blocks
+    "s2_l10_compile_skip10": (f"{WAN}/train_stage2_sgf_81f.yaml", S2 + COMPILE + [
+        "model.dims.num_layers=10", "distributed.activation_checkpointing_skip_blocks=10"], 17),
+    "s2_l10_compile_sa": (f"{WAN}/train_stage2_sgf_81f.yaml", S2 + COMPILE + SAVE_ATTENTION + [
+        "model.dims.num_layers=10"], 17),
     "val_s05": (f"{WAN}/train_stage0p5_fm_81f.yaml", EAGER + VALIDATE, 1),
     "val_s1": (f"{WAN}/train_stage1_tf_anyflow_81f.yaml", S1 + EAGER + VALIDATE, 1),
     # the 4-step pass alone (an EMA pass computes the same as its live twin)
