@@ -38,12 +38,20 @@ COMPILE = ["runtime.compile=true"]
 # eager cases keep the figures recorded before that comparable.
 EAGER = ["runtime.compile=false"]
 VALIDATE = ["runtime.validation_steps=[1]", "validation.sample_count=1"]
+VALIDATE2 = ["runtime.validation_steps=[1]", "validation.sample_count=2"]
 SAVE_ATTENTION = ["distributed.activation_checkpointing_policy=save_attention"]
 # name: (config, extra --set values, step events to wait for)
 CASES = {
     "s05_81f": (f"{WAN}/train_stage0p5_fm_81f.yaml", EAGER, 8),
     "s05_81f_compile": (f"{WAN}/train_stage0p5_fm_81f.yaml", COMPILE, 10),
     "s05_153f": (f"{WAN}/train_stage0p5_fm_153f.yaml", [], 6),
+    # recomputation priced for Stage0.5 81f: at the released topology (hybrid_shard over 8, 80 GB)
+    # `solar config memory` forecasts even no recomputation at all to fit (68.4 GiB); one unsharded
+    # H200 holds fewer kept blocks, so two sizes give the per-block saving
+    "s05_81f_compile_skip10": (f"{WAN}/train_stage0p5_fm_81f.yaml", COMPILE + [
+        "distributed.activation_checkpointing_skip_blocks=10"], 10),
+    "s05_81f_compile_skip18": (f"{WAN}/train_stage0p5_fm_81f.yaml", COMPILE + [
+        "distributed.activation_checkpointing_skip_blocks=18"], 10),
     "s1_anyflow": (f"{WAN}/train_stage1_tf_anyflow_81f.yaml", S1 + EAGER, 8),
     "s1_anyflow_before": (f"{WAN}/train_stage1_tf_anyflow_81f.yaml", S1 + EAGER, 6),
     "s1_anyflow_compile": (f"{WAN}/train_stage1_tf_anyflow_81f.yaml", S1 + COMPILE, 8),
@@ -84,6 +92,14 @@ CASES = {
     "s2_l10_compile_sa": (f"{WAN}/train_stage2_sgf_81f.yaml", S2 + COMPILE + SAVE_ATTENTION + [
         "model.dims.num_layers=10"], 17),
     "val_s05": (f"{WAN}/train_stage0p5_fm_81f.yaml", EAGER + VALIDATE, 1),
+    # as shipped (compiled blocks generate too), one live pass over two slots (the first compiles; an
+    # EMA pass computes the same): the figures the recipe's validation rows should use
+    "val_s05_shipped": (f"{WAN}/train_stage0p5_fm_81f.yaml", VALIDATE2 + [
+        "validation.passes=[{name: live-unipc, weights: live, solver: unipc, steps: 50}]"], 1),
+    "val_s1_flowmap4_shipped": (f"{WAN}/train_stage1_tf_anyflow_81f.yaml", S1 + VALIDATE2 + [
+        "validation.passes=[{name: live-flowmap4, weights: live, solver: flowmap, steps: 4}]"], 1),
+    "val_s1_flowmap50_shipped": (f"{WAN}/train_stage1_tf_anyflow_81f.yaml", S1 + VALIDATE2 + [
+        "validation.passes=[{name: live-flowmap50, weights: live, solver: flowmap, steps: 50}]"], 1),
     "val_s1": (f"{WAN}/train_stage1_tf_anyflow_81f.yaml", S1 + EAGER + VALIDATE, 1),
     # the 4-step pass alone (an EMA pass computes the same as its live twin)
     "val_s1_flowmap4": (f"{WAN}/train_stage1_tf_anyflow_81f.yaml", S1 + EAGER + VALIDATE + [
