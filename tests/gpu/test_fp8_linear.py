@@ -3,7 +3,8 @@
 - Wan TI2V-5B blocks at the released dims (two blocks, 2,025 tokens), eager and compiled under
   activation checkpointing as the product builds them: output and gradients within 5% relative
   (L2) of the bf16 model, the FM loss within 1%, every gradient finite (the bound
-  solar.train.fp8 states); ``high_precision`` gives the bf16 model's output.
+  solar.train.fp8 states); under ``high_precision`` no FP8 matmul runs and the output is as
+  accurate (against fp32) as the bf16 model's.
 - The product's entry point on the tiny Wan Stage0.5, Stage1 and Stage2 configs with compile on:
   the run completes with finite losses, records the FP8 event with the converted count, and
   (Stage0.5, Stage1) its validation generation (bf16 through ``high_precision``) completes.
@@ -82,10 +83,17 @@ def test_released_dims_blocks_within_the_bound_of_bf16(recipe, compiled):
     assert 0 < _rel(out, out0) < OUTPUT_BOUND, _rel(out, out0)
     assert _rel(grads, grads0) < GRAD_BOUND, _rel(grads, grads0)
     assert abs(float(loss - loss0)) < LOSS_BOUND * float(loss0), (float(loss), float(loss0))
-    with torch.no_grad(), fp8.high_precision(converted), torch.autocast("cuda", dtype=torch.bfloat16):
+    with torch.no_grad(), fp8.high_precision(converted), torch.autocast("cuda", dtype=torch.bfloat16), \
+            torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CPU]) as prof:
         out_hp = converted(*inputs, cameras=cams).float()
-    # bf16 matmuls again: as close to the bf16 model as compiled kernels allow, much closer than FP8 is
-    assert _rel(out_hp, out0) < min(1e-2, _rel(out, out0) / 3), (_rel(out_hp, out0), _rel(out, out0))
+    with torch.no_grad():
+        out32 = model(*inputs, cameras=cams).float()
+    # no FP8 matmul runs, and the output is as accurate as the bf16 model's (against fp32). Not "as
+    # close to the bf16 model as FP8 is / 3": bf16's own error dominates the output (on the CPU at these
+    # dims, against fp32: bf16 0.551%, high_precision 0.551%, FP8 0.621%), and high_precision rounds
+    # differently from nn.Linear (the bias added after the matmul's rounding): 0.22% from bf16 there
+    assert not [e.name for e in prof.events() if "_scaled_mm" in e.name]
+    assert _rel(out_hp, out32) <= 1.1 * _rel(out0, out32), (_rel(out_hp, out32), _rel(out0, out32))
 
 
 VALIDATE = ["train.max_steps=2", "runtime.validate_every=2", "validation.decode_latents=1"]
