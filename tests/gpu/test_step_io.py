@@ -4,7 +4,8 @@ Wan TI2V-5B model, fp32) launches its forward without waiting for the device (CU
 mode raises on any synchronizing call) and gives the CPU's loss and per-sample losses; the records'
 losses are read in one copy afterwards. Stage2's critic and student losses (the tiny Wan Stage2
 config: the chunked rollout, its replay with grad, the critic's and the guided teacher's scores)
-launch without waiting for the device too and give the CPU's losses. Skipped without CUDA."""
+launch without waiting for the device too and give the CPU's losses, and so does chunk-by-chunk
+generation (self-forcing, the tiny Wan model). Skipped without CUDA."""
 
 from __future__ import annotations
 
@@ -101,3 +102,30 @@ def test_stage2_losses_do_not_wait_for_the_device_and_match_the_cpu(tmp_path, no
         torch.cuda.set_sync_debug_mode("default")
     assert all(v.is_cuda for v in got)
     assert [float(v.detach()) for v in got] == pytest.approx(cpu, rel=1e-3)
+
+
+@pytest.mark.parametrize("anyflow, solver, steps", [(False, "self_forcing", 4), (True, "flowmap", 2)])
+def test_chunk_generation_does_not_wait_for_the_device_and_matches_the_cpu(anyflow, solver, steps, no_tf32):
+    """The rollout's noise and every self-forcing re-noising draw reach the GPU through pinned memory:
+    a whole rollout (three chunks, commits included) queues without the host waiting."""
+    import copy
+
+    from solar.generation.autoregressive import sample_autoregressive
+    from tests.unit.generation.test_autoregressive import WAN, _batch, _cfg, _model
+
+    model = copy.deepcopy(_model(WAN, anyflow))
+    batch = _batch(WAN, 9)
+
+    def rollout(m, b):
+        return sample_autoregressive(m, _cfg(WAN), b, noise_seed=5, solver=solver, steps=steps)
+
+    cpu = rollout(model, batch)
+    model, batch = model.cuda(), batch.to("cuda")
+    rollout(model, batch)   # warm-up
+    torch.cuda.synchronize()
+    torch.cuda.set_sync_debug_mode("error")
+    try:
+        got = rollout(model, batch)
+    finally:
+        torch.cuda.set_sync_debug_mode("default")
+    torch.testing.assert_close(got.cpu(), cpu, rtol=1e-3, atol=1e-4)

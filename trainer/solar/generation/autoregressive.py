@@ -44,7 +44,7 @@ import torch
 
 from solar.config.schema import RunConfig
 from solar.generation import solvers
-from solar.launch.batch import Batch
+from solar.launch.batch import Batch, host_noise, to_device
 from solar.objectives.fm import noisy_h3, sample_h3_times
 
 WAN, H3 = "wan22_ti2v_5b", "minimax_h3"
@@ -160,12 +160,12 @@ def sample_autoregressive(model: ChunkModel, cfg: RunConfig, batch: Batch, *, no
     # 1. Prefix (H3: keyframe anchor, noised silence) and the cache
     if h3:
         a = model.cfg.anchor_timestep
-        anchor = a * x0[:, :, :1] + (1 - a) * torch.randn(x0[:, :, :1].shape, generator=gen).to(device)
+        anchor = a * x0[:, :, :1] + (1 - a) * host_noise(x0[:, :, :1].shape, gen, device)
         audio = t_audio = None
         if audio_silence is not None:
-            silence = audio_silence.to(device).expand(B, *audio_silence.shape)
-            t_audio = sample_h3_times(B, cfg.model.audio_timestep_shift, gen).to(device)
-            audio = noisy_h3(silence, torch.randn(silence.shape, generator=gen).to(device), t_audio)
+            silence = to_device(audio_silence, device).expand(B, *audio_silence.shape)
+            t_audio = to_device(sample_h3_times(B, cfg.model.audio_timestep_shift, gen), device)
+            audio = noisy_h3(silence, host_noise(silence.shape, gen, device), t_audio)
         cache = model.new_cache(batch.prompt, anchor=anchor, audio=audio,
                                 audio_timestep=1.0 if t_audio is None else t_audio,
                                 anchor_camera=None if cameras is None else cameras[:, :1], height=h, width=w)
@@ -173,7 +173,7 @@ def sample_autoregressive(model: ChunkModel, cfg: RunConfig, batch: Batch, *, no
         cache = model.new_cache(batch.prompt)
 
     # 2. The whole rollout's initial noise, then chunk after chunk
-    noise = torch.randn((B, C, rollout, h, w), generator=gen).to(device)
+    noise = host_noise((B, C, rollout, h, w), gen, device)   # pinned, copied without waiting
     chunks = []
     for c in range(rollout // k):
         span = slice(c * k, (c + 1) * k)
@@ -194,7 +194,7 @@ def sample_autoregressive(model: ChunkModel, cfg: RunConfig, batch: Batch, *, no
             for j, sigma in enumerate(sigmas):
                 pred = _restore(x - sigma * velocity(x, sigma, sigma if anyflow else None), cond)
                 if j + 1 < len(sigmas):
-                    eps = torch.randn(x.shape, generator=gen).to(device)
+                    eps = host_noise(x.shape, gen, device)
                     x = _restore((1 - sigmas[j + 1]) * pred + sigmas[j + 1] * eps, cond)
                 else:
                     x = pred
