@@ -141,3 +141,32 @@ def test_state_terms_equal_torchs_memory_tracker_on_a_real_step(config, tmp_path
     steps = 4 * len(parts.params)  # AdamW's per-parameter step counters
     assert counted["OPT"] == expected["optimizer"] + steps
     assert nbytes(parts.ema.shadow.values()) == expected["ema"]
+
+
+def test_a_config_that_fits_with_room_says_how_many_fewer_blocks_it_could_recompute(cli):
+    """``faster, still fits``: the most blocks whose activations could be kept instead of recomputed
+    with the forecast still under the GPU; one more would not fit. Stage0.5 81f at its topology keeps
+    them all (checkpointing off); Stage1 (twice the tokens) part of them."""
+    s05 = CONFIGS / "wan22_ti2v_5b" / "train_stage0p5_fm_81f.yaml"
+    result = cli("config", "memory", "--config", str(s05), "--gpu-memory-gib", "80")
+    assert result.code == 0 and "faster, still fits: distributed.activation_checkpointing=false" in result.out
+    assert _forecast(s05, ["distributed.activation_checkpointing=false"], gib=80).fits
+
+    s1 = CONFIGS / "wan22_ti2v_5b" / "train_stage1_tf_anyflow_81f.yaml"
+    doc = json.loads(cli("config", "memory", "--config", str(s1), "--gpu-memory-gib", "80", "--json").out)
+    skip = int(doc["faster"].split("skip_blocks=")[1].split()[0])
+    assert 6 < skip < 30   # the config already keeps 6
+    key = "distributed.activation_checkpointing_skip_blocks"
+    assert _forecast(s1, [f"{key}={skip}"], gib=80).fits and not _forecast(s1, [f"{key}={skip + 1}"], gib=80).fits
+    assert f"{skip - 6} fewer of 30 blocks recomputed" in doc["faster"]
+
+
+def test_no_faster_hint_without_recomputation_or_room():
+    s05 = CONFIGS / "wan22_ti2v_5b" / "train_stage0p5_fm_81f.yaml"
+    assert _forecast(s05, ["distributed.activation_checkpointing=false"], gib=80).faster is None
+    tight = _forecast(s05, ["distributed.world_size=1", "distributed.sharding=none", "train.global_batch_size=1"],
+                      gib=141)
+    assert tight.fits and tight.faster is not None   # unsharded on 141 GiB: some blocks, not all
+    assert "activation_checkpointing=false" not in tight.faster
+    h3 = CONFIGS / "minimax_h3" / "train_stage2_sgf_158f.yaml"
+    assert _forecast(h3, gib=80).faster is None   # does not fit at all: to fit, not faster

@@ -67,11 +67,13 @@ class Forecast:
     tokens_per_gpu: dict[str, int]
     usable_bytes: int
     suggestions: list[str] = field(default_factory=list)
+    faster: str | None = None   # a config that fits: fewer blocks recomputed that still fit, if any
 
     def as_dict(self) -> dict:
         return {"gpu_memory_bytes": self.gpu_memory_bytes, "peak_bytes": self.peak_bytes, "fits": self.fits,
                 "usable_bytes": self.usable_bytes, "shard_degree": self.shard_degree,
-                "tokens_per_gpu": self.tokens_per_gpu, "roles": self.roles, "suggestions": self.suggestions}
+                "tokens_per_gpu": self.tokens_per_gpu, "roles": self.roles, "suggestions": self.suggestions,
+                "faster": self.faster}
 
 
 def shard_degree(cfg, gpus_per_node: int) -> int:
@@ -154,8 +156,9 @@ def _states(cfg, *, trainable_role: bool, ema: bool, degree: int, bf16: bool, fr
     return {k: v for k, v in out.items() if v}
 
 
-def forecast(resolved, *, gpu_memory_bytes: int, gpus_per_node: int = 8) -> Forecast:
-    """The per-GPU forecast of a resolved ``train`` config (``solar config memory``)."""
+def forecast(resolved, *, gpu_memory_bytes: int, gpus_per_node: int = 8, look_faster: bool = True) -> Forecast:
+    """The per-GPU forecast of a resolved ``train`` config (``solar config memory``); ``look_faster``:
+    when it fits, also look for fewer recomputed blocks that still fit (``Forecast.faster``)."""
     cfg, route = resolved.config, resolved.route
     if cfg.action != "train":
         raise ConfigError("solar config memory forecasts training configs (action: train); this one is "
@@ -199,7 +202,39 @@ def forecast(resolved, *, gpu_memory_bytes: int, gpus_per_node: int = 8) -> Fore
     if not result.fits:
         result.suggestions = _suggestions(resolved, gpu_memory_bytes=gpu_memory_bytes, gpus_per_node=gpus_per_node,
                                           peak=peak)
+    elif cfg.distributed.activation_checkpointing and look_faster:
+        result.faster = _faster(resolved, gpu_memory_bytes=gpu_memory_bytes, gpus_per_node=gpus_per_node)
     return result
+
+
+def _faster(resolved, *, gpu_memory_bytes: int, gpus_per_node: int) -> str | None:
+    """For a config that fits with blocks recomputed in backward: the most blocks whose activations
+    could be kept instead (``activation_checkpointing_skip_blocks``; all of them: checkpointing off)
+    with the forecast still fitting, or None. Keeping a block's activations skips its recomputation:
+    less work per step, never more (bench/RESULTS.md: 2026-12-03's checkpointing table)."""
+    cfg = resolved.config
+    dist, layers = cfg.distributed, effective_dims(cfg).num_layers
+    current = min(dist.activation_checkpointing_skip_blocks, layers)
+
+    def trial(skip: int) -> Forecast:
+        change = {"activation_checkpointing": False} if skip == layers else \
+            {"activation_checkpointing_skip_blocks": skip}
+        edited = cfg.model_copy(update={"distributed": dist.model_copy(update=change)})
+        return forecast(_Resolved(edited, resolved.route), gpu_memory_bytes=gpu_memory_bytes,
+                        gpus_per_node=gpus_per_node, look_faster=False)
+
+    best = None
+    for skip in range(layers, current, -1):   # activations grow with every kept block: the first fit is the most
+        fc = trial(skip)
+        if fc.fits:
+            best = (skip, fc)
+            break
+    if best is None:
+        return None
+    skip, fc = best
+    text = "distributed.activation_checkpointing=false" if skip == layers else \
+        f"distributed.activation_checkpointing_skip_blocks={skip}"
+    return f"{text} (forecast {fc.peak_bytes / GIB:.1f} GiB): {skip - current} fewer of {layers} blocks recomputed"
 
 
 def _suggestions(resolved, *, gpu_memory_bytes: int, gpus_per_node: int, peak: int) -> list[str]:
@@ -218,7 +253,7 @@ def _suggestions(resolved, *, gpu_memory_bytes: int, gpus_per_node: int, peak: i
     for text, change in edits:
         edited = cfg.model_copy(update={"distributed": dist.model_copy(update=change)})
         trial = forecast(_Resolved(edited, resolved.route), gpu_memory_bytes=gpu_memory_bytes,
-                         gpus_per_node=gpus_per_node)
+                         gpus_per_node=gpus_per_node, look_faster=False)
         if trial.fits:
             found.append(f"{text} (forecast {trial.peak_bytes / GIB:.1f} GiB)")
     if not found:
@@ -244,6 +279,8 @@ def table(fc: Forecast) -> str:
                  f"({fc.usable_bytes / GIB:.1f} usable): {verdict}; states divided over {fc.shard_degree} GPU(s), "
                  + ", ".join(f"{r} {t:,} tokens" for r, t in fc.tokens_per_gpu.items()))
     lines += [f"to fit: {s}" for s in fc.suggestions]
+    if fc.faster:
+        lines.append(f"faster, still fits: {fc.faster}")
     return "\n".join(lines)
 
 

@@ -156,7 +156,8 @@ def _memory(resolved, topology, declared: str | None, where: str, stage: str) ->
     from solar.run.spec import quantity_bytes
 
     gpu = quantity_bytes(declared) if declared else None
-    forecast = memory.forecast(resolved, gpu_memory_bytes=gpu or 80 * memory.GIB, gpus_per_node=topology.gpusPerNode)
+    forecast = memory.forecast(resolved, gpu_memory_bytes=gpu or 80 * memory.GIB, gpus_per_node=topology.gpusPerNode,
+                               look_faster=False)
     if gpu is not None and not forecast.fits:
         gib = memory.GIB
         raise RunInvalid("InsufficientGPUMemory", f"{where}: forecast {forecast.peak_bytes / gib:.1f} GiB per GPU "
