@@ -46,7 +46,7 @@ CASES = {
     "s05_81f_compile": (f"{WAN}/train_stage0p5_fm_81f.yaml", COMPILE, 10),
     "s05_153f": (f"{WAN}/train_stage0p5_fm_153f.yaml", [], 6),
     # recomputation priced for Stage0.5 81f: at the released topology (hybrid_shard over 8, 80 GB)
-    # `solar config memory` forecasts even no recomputation at all to fit (68.4 GiB); one unsharded
+    # `solar config memory` forecasts even no recomputation at all to fit (66.8 GiB); one unsharded
     # H200 holds fewer kept blocks, so two sizes give the per-block saving
     "s05_81f_compile_skip10": (f"{WAN}/train_stage0p5_fm_81f.yaml", COMPILE + [
         "distributed.activation_checkpointing_skip_blocks=10"], 10),

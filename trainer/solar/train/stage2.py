@@ -399,8 +399,9 @@ class Stage2:
                 audio_eps = host_noise(silence.shape, gen, device)
                 t_audio = to_device(fm.sample_h3_times(B, cfg.model.audio_timestep_shift, gen), device)
                 audio = fm.noisy_h3(silence, audio_eps, t_audio)
-        negative = None if self.negative is None else to_device(self.negative, device)
-        return Conditions(batch.prompt, negative, cams, None if self.h3 else x0[:, :, 0], anchor, audio, t_audio)
+        if self.negative is not None and self.negative.device != device:
+            self.negative = to_device(self.negative, device)   # once: every update reads the same prompt
+        return Conditions(batch.prompt, self.negative, cams, None if self.h3 else x0[:, :, 0], anchor, audio, t_audio)
 
     def _pin(self, x: torch.Tensor, cond: Conditions, start: int = 0) -> torch.Tensor:
         if cond.first is not None and start == 0:
@@ -503,7 +504,7 @@ class Stage2:
             mask = self._mask(output)
             gradient = dmd.kl_gradient(fake, real, output, mask)
         loss = dmd.student_loss(output, gradient, mask)
-        return loss, {"dmd_gradient": gradient.detach().abs().mean()}   # read after the update is queued
+        return loss, {"dmd_gradient": gradient.abs().mean()}   # read after the update is queued
 
     def critic_loss(self, student, batch: Batch, gen: torch.Generator) -> tuple[torch.Tensor, dict]:
         cond = self._conditions(batch, gen)

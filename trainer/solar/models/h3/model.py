@@ -550,9 +550,10 @@ class H3DiT(nn.Module):
         start = cache.committed_frames
         n = cache.grid.shape[0]
         positions = L.video_positions(frames, cache.grid, float(cache.text_tokens), start)
-        if device.type == "cuda":   # through pinned memory: a pageable copy would wait for the queued chunks
-            positions = positions.pin_memory().to(device, non_blocking=True)
-        positions = positions.to(device)
+        # through pinned memory on a GPU: a pageable copy would wait for the queued chunks (what
+        # launch.batch.to_device does, which this layer cannot import)
+        positions = positions.pin_memory().to(device, non_blocking=True) if device.type == "cuda" else \
+            positions.to(device)
         t = self._frame_time(timestep, B, frames, device)
         r = None if r_timestep is None else self._frame_time(r_timestep, B, frames, device)
         groups = torch.arange(frames, device=device).repeat_interleave(n) + L.NOISY_BASE
