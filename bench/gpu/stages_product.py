@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import signal
 import statistics
 import subprocess
@@ -182,9 +183,9 @@ def run(name: str) -> dict:
     if profiles:
         result["profiles"] = [json.loads(p.read_text()) for p in profiles]
     if validating:
-        # the validation's own per-slot lines: "solar: PASS slot 1/1 (SAMPLE) 12.3s" (generation, decode, files)
-        slots = [ln.split("solar: ", 1)[1] for ln in rank_text.splitlines() if " slot " in ln and ln.endswith("s")
-                 and "solar: " in ln and "validation step" not in ln]
+        # the validation's own per-slot lines: "solar: PASS slot 1/1 (SAMPLE) 12.3s (read 0.1 generate 5.2 ...)"
+        slots = [ln.split("solar: ", 1)[1] for ln in rank_text.splitlines()
+                 if "solar: " in ln and re.search(r" slot \d+/\d+ ", ln)]
         if not validations:
             return {**result, "error": "no validation event", "slot_lines": slots, "log": text[-1500:]}
         v = validations[0]

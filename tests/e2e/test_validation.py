@@ -81,7 +81,9 @@ def test_validation_at_two_steps_writes_every_slot_of_every_pass(validated):
                 lefts.append(frames[:, :, :96])
                 rights.append(frames[:, :, 96:])
                 generated = read_frames(directory / "generated.mp4").int()
-                assert (rights[-1] - generated).abs().float().mean() < 4  # the same frames, encoded twice
+                # the same frames, encoded twice (x264 veryfast at CRF 18 on this noise-like content:
+                # ~4.4, against > 15 between different videos)
+                assert (rights[-1] - generated).abs().float().mean() < 6
         same = [float((left - lefts[0]).abs().float().mean()) for left in lefts]
         apart = [float((right - lefts[0]).abs().float().mean()) for right in rights]
         # equal up to H.264 (each half is encoded beside a different right half): ~3.4 here, against

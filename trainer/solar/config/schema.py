@@ -271,6 +271,9 @@ class ValidationBlock(Block):
     decode_latents: PosInt | None = Field(None, description="Latents decoded to video (H3 47).")
     guidance_scale: Annotated[float, Field(ge=1.0)] | None = Field(
         None, description="Classifier-free guidance of bidirectional sampling (LTX 3).")
+    decode_precision: Literal["auto", "bf16", "fp32"] = Field(
+        "auto", description="The VAE decode of slots: auto = bf16 on a GPU (50.6 dB PSNR against fp32 "
+                            "on the released Wan 2.2 decoder's shape, 1.6x faster), fp32 on the CPU.")
 
 
 class RoleSource(Block):

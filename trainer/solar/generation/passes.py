@@ -61,6 +61,7 @@ class Generation:
     fault: object = None  # solar.train.faults.Fault (kill_validation and enospc_validation drills)
     truths: dict = field(default_factory=dict)  # (input digest, decoded latents) -> uint8 frames
     storage_problem: tuple[str, str] | None = None  # (message, storage_full | storage_error) of a failed write
+    files: "_FileWorker | None" = None  # the slot files' worker while ``run`` runs
 
     def truth_frames(self, batch: Batch, shown: int) -> torch.Tensor:
         """The slot's ground truth as uint8 frames [F, H, W, 3], decoded once per launch while the
@@ -107,8 +108,9 @@ class Generation:
     def _dummy(self, batch: Batch, p) -> None:
         self._sample(batch, p, 0)
 
-    def _slot(self, pass_dir: Path, p, weights: str, slot: Slot, step: int | None, writer: bool) -> dict | None:
-        final = pass_dir / f"slot_{slot.slot:06d}"
+    def _slot(self, pass_dir: Path, p, weights: str, slot: Slot, step: int | None, writer: bool) -> None:
+        """Generate and decode one slot on this rank; its writer hands the frames to the file worker
+        (``_finish``), which encodes and commits them while the next slot generates."""
         batch = None
         manifest = {"schema": SLOT_SCHEMA, "slot": slot.slot, "sample_id": slot.sample_id,
                     "start_frame": slot.start_frame, "noise_seed": slot.noise_seed, "pass": p.name,
@@ -117,16 +119,42 @@ class Generation:
         partial = pass_dir / f".slot_{slot.slot:06d}.{secrets.token_hex(4)}.partial"
         if writer:
             partial.mkdir(parents=True)
+        clock = _PhaseClock(self.dist.device)
         try:
             batch = self.batch_for(slot)
             if isinstance(batch, str):
                 raise ValueError(batch)
+            clock.lap("read")
             latents = self._sample(batch, p, slot.noise_seed)
-            if writer:
+            clock.lap("generate")
+            if not writer:
+                return
+            shown = self.cfg.validation.decode_latents or latents.shape[2]
+            truth = self.truth_frames(batch, shown)
+            clock.lap("truth")
+            made = video.to_uint8(self.codec.decode(latents[:, :, :shown])[0])
+            clock.lap("decode")
+            manifest["rollout_latents"] = int(latents.shape[2])
+        except Exception as exc:  # noqa: BLE001 - the slot's terminal state records it
+            if self._storage_failed(exc, p, slot, pass_dir, partial if writer else None):
+                return
+            if self.sharded and batch is not None and not isinstance(batch, str):
+                raise
+            self.files.submit(self._finish, pass_dir, partial, p, slot, step, manifest, None, None, clock, exc)
+            return
+        self.files.submit(self._finish, pass_dir, partial, p, slot, step, manifest, truth, made, clock, None)
+
+    def _finish(self, pass_dir: Path, partial: Path, p, slot: Slot, step: int | None, manifest: dict,
+                truth: torch.Tensor | None, made: torch.Tensor | None, clock: "_PhaseClock",
+                failed: BaseException | None) -> None:
+        """The slot's files (on the file worker): its MP4s, their digests and the terminal manifest in
+        the hidden partial, then the rename that makes it a slot."""
+        final = pass_dir / f"slot_{slot.slot:06d}"
+        clock.cuda = False   # this thread waits for no GPU work: the frames are on the host
+        exc = failed
+        if exc is None:
+            try:
                 fps = float(self.cfg.data.fps or 16.0)
-                shown = self.cfg.validation.decode_latents or latents.shape[2]
-                truth = self.truth_frames(batch, shown)
-                made = video.to_uint8(self.codec.decode(latents[:, :, :shown])[0])
                 video.write_mp4(partial / "generated.mp4", made, fps)
                 if self.fault is not None and step is not None and \
                         self.fault.fires("enospc_validation", step, self.dist.rank):
@@ -134,22 +162,21 @@ class Generation:
 
                     raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC), str(partial / "compare.mp4"))
                 video.write_mp4(partial / "compare.mp4", video.side_by_side(truth, made), fps)
+                clock.lap("encode")
                 for name in ("generated.mp4", "compare.mp4"):
                     data = (partial / name).read_bytes()
                     manifest["artifacts"].append({"path": name, "bytes": len(data), "blake2s": blake2s_hex(data)})
                 manifest["status"] = "ok"
                 manifest["frames"] = int(made.shape[0])
-                manifest["rollout_latents"] = int(latents.shape[2])
-        except Exception as exc:  # noqa: BLE001 - the slot's terminal state records it
-            if self._storage_failed(exc, p, slot, pass_dir, partial if writer else None):
-                return None
-            if self.sharded and batch is not None and not isinstance(batch, str):
-                raise
+            except Exception as caught:  # noqa: BLE001 - the slot's terminal state records it
+                exc = caught
+        if exc is not None:
+            if self._storage_failed(exc, p, slot, pass_dir, partial):
+                return
             manifest.update(status="error", error=f"{type(exc).__name__}: {exc}" if not isinstance(exc, ValueError)
                             else str(exc), artifacts=[])
+            manifest.pop("rollout_latents", None)
             self.log(f"solar: validation slot {slot.slot} ({slot.sample_id}) failed: {manifest['error']}")
-        if not writer:
-            return None
         try:
             for leftover in ("generated.mp4", "compare.mp4"):
                 if manifest["status"] == "error" and (partial / leftover).exists():
@@ -158,13 +185,17 @@ class Generation:
             fsync_dir(partial)
             os.rename(partial, final)
             fsync_dir(pass_dir)
-        except OSError as exc:
-            if self._storage_failed(exc, p, slot, pass_dir, partial):
-                return None
+        except OSError as caught:
+            if self._storage_failed(caught, p, slot, pass_dir, partial):
+                return
             raise
+        clock.lap("files")
+        if manifest["status"] == "ok":
+            phases = " ".join(f"{k} {v:.1f}" for k, v in clock.seconds.items())
+            self.log(f"solar: {p.name} slot {slot.slot + 1}/{len(self.slots)} ({slot.sample_id}) "
+                     f"{clock.total():.1f}s ({phases})")
         if self.fault is not None and step is not None and self.fault.fires("kill_validation", step, self.dist.rank):
             os.kill(os.getpid(), signal.SIGKILL)
-        return manifest
 
     def _storage_failed(self, exc: BaseException, p, slot: Slot, pass_dir: Path, partial: Path | None) -> bool:
         """A write that met a full or failing volume is no slot error: it is kept for ``_agree`` (every
@@ -187,35 +218,34 @@ class Generation:
         """Every pass (``weights_for(pass)`` -> (context manager, resolved role) or None to skip)."""
         d = self.dist
         done_passes = []
-        for p in passes:
-            chosen = weights_for(p)
-            if chosen is None:
-                self.log(f"solar: validation pass {p.name} skipped (its weights do not exist yet)")
-                continue
-            context, role = chosen
-            pass_dir = root / p.name
-            pass_dir.mkdir(parents=True, exist_ok=True)
-            rounds = -(-len(self.slots) // d.dp_world)
-            with context:
-                for r in range(rounds):
-                    index = r * d.dp_world + d.dp_rank
-                    slot = self.slots[index] if index < len(self.slots) else None
-                    if slot is not None and (pass_dir / f"slot_{slot.slot:06d}").is_dir():
-                        slot = None  # finished by an earlier launch
-                    if slot is None:
-                        if self.sharded:
-                            self._dummy(self._dummy_batch(), p)
-                    else:
-                        started = time.perf_counter()
-                        m = self._slot(pass_dir, p, role, slot, step, writer=d.sp_rank == 0)
-                        if m is not None and m["status"] == "ok":
-                            self.log(f"solar: {p.name} slot {slot.slot + 1}/{len(self.slots)} ({slot.sample_id}) "
-                                     f"{time.perf_counter() - started:.1f}s")
-                    self._agree()
-            d.barrier(f"validation-pass-{p.name}")
-            done_passes.append(p.name)
-            if d.rank == 0:
-                self._complete(pass_dir / "COMPLETE.json", PASS_SCHEMA, step, [p.name], root)
+        with _FileWorker() as self.files:
+            for p in passes:
+                chosen = weights_for(p)
+                if chosen is None:
+                    self.log(f"solar: validation pass {p.name} skipped (its weights do not exist yet)")
+                    continue
+                context, role = chosen
+                pass_dir = root / p.name
+                pass_dir.mkdir(parents=True, exist_ok=True)
+                rounds = -(-len(self.slots) // d.dp_world)
+                with context:
+                    for r in range(rounds):
+                        index = r * d.dp_world + d.dp_rank
+                        slot = self.slots[index] if index < len(self.slots) else None
+                        if slot is not None and (pass_dir / f"slot_{slot.slot:06d}").is_dir():
+                            slot = None  # finished by an earlier launch
+                        if slot is None:
+                            if self.sharded:
+                                self._dummy(self._dummy_batch(), p)
+                        else:
+                            self._slot(pass_dir, p, role, slot, step, writer=d.sp_rank == 0)
+                        self._agree()
+                self.files.drain()
+                self._agree()
+                d.barrier(f"validation-pass-{p.name}")
+                done_passes.append(p.name)
+                if d.rank == 0:
+                    self._complete(pass_dir / "COMPLETE.json", PASS_SCHEMA, step, [p.name], root)
         summary = None
         if d.rank == 0:
             summary = self._complete(root / "COMPLETE.json", STEP_SCHEMA, step, done_passes, root)
@@ -244,6 +274,60 @@ class Generation:
         if not path.exists():
             write_create_only(path, pretty_bytes(doc), what="validation COMPLETE.json")
         return {**doc, "path": str(path.parent)}
+
+
+class _FileWorker:
+    """One thread that encodes and commits slots in order, so a slot's MP4s are written while the
+    next slot generates on the GPU. One slot waits at most: ``submit`` first waits for the slot
+    before it (a slot's frames are a few hundred MB), ``drain`` for the last; an exception the
+    worker raised (not a slot's error, which its manifest records) is raised again there."""
+
+    def __init__(self) -> None:
+        from concurrent.futures import ThreadPoolExecutor
+
+        self.pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="solar-slot-files")
+        self.pending = None
+
+    def submit(self, fn, *args) -> None:
+        self.drain()
+        self.pending = self.pool.submit(fn, *args)
+
+    def drain(self) -> None:
+        pending, self.pending = self.pending, None
+        if pending is not None:
+            pending.result()
+
+    def __enter__(self) -> "_FileWorker":
+        return self
+
+    def __exit__(self, *exc) -> None:
+        try:
+            if exc[0] is None:
+                self.drain()
+        finally:
+            self.pool.shutdown(wait=True)
+
+
+class _PhaseClock:
+    """Wall seconds per phase of a slot (read, generate, truth, decode on the GPU's thread; encode and
+    files on the file worker, counted from the moment the worker takes the slot up). Each lap waits
+    for the GPU's queued work first, so a phase is charged with its own kernels; every lap falls where
+    the slot's next step waits for the GPU anyway."""
+
+    def __init__(self, device) -> None:
+        self.cuda = torch.device(device).type == "cuda"
+        self.last = time.perf_counter()
+        self.seconds: dict[str, float] = {}
+
+    def total(self) -> float:
+        return sum(self.seconds.values())
+
+    def lap(self, phase: str) -> None:
+        if self.cuda:
+            torch.cuda.synchronize()
+        now = time.perf_counter()
+        self.seconds[phase] = self.seconds.get(phase, 0.0) + now - self.last
+        self.last = now
 
 
 def clean_partials(root: Path) -> None:

@@ -82,13 +82,24 @@ def negative_prompt(cfg) -> torch.Tensor | None:
     return read_negative_prompt(cfg, "validation.guidance_scale > 1")
 
 
+def decode_dtype(cfg, device: torch.device | None) -> torch.dtype:
+    """``validation.decode_precision``: auto is bf16 on a GPU and fp32 elsewhere (the CPU's bf16
+    convolutions are slower than its fp32 ones)."""
+    chosen = cfg.validation.decode_precision
+    if chosen == "auto":
+        chosen = "bf16" if device is not None and torch.device(device).type == "cuda" else "fp32"
+    return torch.bfloat16 if chosen == "bf16" else torch.float32
+
+
 def codec_for(cfg, device: torch.device | None = None):
-    """The family's codec (fp32), on ``device``: the generating model's, so latents decode where they are."""
+    """The family's codec on ``device`` (the generating model's, so latents decode where they are),
+    in ``decode_dtype``'s precision."""
     from solar.models.codecs import build_codec
 
     codec = build_codec(cfg.model.family, path=cfg.model.vae_path, profile=cfg.model.profile, seed=CODEC_SEED)
     if device is not None:
         codec.vae.to(device)
+    torch.nn.Module.to(codec.vae, decode_dtype(cfg, device))   # not diffusers' `to`, which warns on any cast
     return codec
 
 
