@@ -34,4 +34,4 @@ def test_every_reason_is_unique_and_camel_case():
     assert len(names) == len(set(names)) and all(n[0].isupper() and n.isalnum() for n in names)
     assert set(C.VALIDATION_REASONS) == {"UnsupportedRoute", "UnresolvedPlaceholder", "TopologyMismatch",
                                          "InvalidInit", "InvalidSpec", "InsufficientGPUMemory",
-                                             "BackendUnavailable"}
+                                         "InsufficientHostMemory", "BackendUnavailable"}

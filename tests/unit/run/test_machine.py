@@ -95,7 +95,7 @@ def test_a_run_advances_stage_by_stage_to_succeeded():
 
 
 @pytest.mark.parametrize("reason", ["UnsupportedRoute", "UnresolvedPlaceholder", "TopologyMismatch", "InvalidInit",
-                                    "InvalidSpec"])
+                                    "InvalidSpec", "InsufficientGPUMemory", "InsufficientHostMemory"])
 def test_an_invalid_run_fails_without_a_job(reason):
     sim = Sim()
     d = sim.step(invalid=RunInvalid(reason, "spec.stages[1] (anyflow): something", "anyflow"))

@@ -121,6 +121,69 @@ def test_a_stage_that_does_not_fit_the_declared_gpu_memory_is_refused_naming_the
     assert "to fit:" in invalid.message and "solar config memory" in invalid.message
 
 
+def _limit(memory, stage=None):
+    def edit(spec):
+        target = spec if stage is None else spec["stages"][stage]
+        target["resources"] = {"limits": {"memory": memory, "nvidia.com/gpu": 1}}
+    return edit
+
+
+def test_every_training_stage_carries_its_host_memory_forecast_and_a_limit_that_fits_passes():
+    plan = plan_run(_spec(_limit("64Gi")), "/runs/tiny-wan", repo=REPO, environ={})
+    train = [s for s in plan.stages if s.action == "train"]
+    assert [s.host_limit for s in train] == [64 << 30] * 3
+    assert all(6 << 30 <= s.host_memory <= 64 << 30 for s in train)   # the process's stated 6 GiB and the tiny state
+    assert plan.stage("generate").host_memory is None
+    unlimited = plan_run(_spec(), "/runs/tiny-wan", repo=REPO, environ={})
+    assert [s.host_limit for s in unlimited.stages] == [None] * 4
+    assert [s.host_memory for s in unlimited.stages] == [s.host_memory for s in plan.stages]
+
+
+def test_a_stage_whose_pod_needs_more_host_memory_than_its_limit_is_refused_naming_the_figures():
+    need = plan_run(_spec(), "/runs/tiny-wan", repo=REPO, environ={}).stage("fm").host_memory
+    invalid = _invalid(_limit("2Gi"))
+    assert invalid.reason == "InsufficientHostMemory" and invalid.stage == "fm"
+    assert "\n" not in invalid.message and invalid.message.startswith("spec.stages[0] (fm): forecast host memory ")
+    assert f"{need / 2**30:.1f} GiB per pod (1 rank; rank 0 " in invalid.message
+    assert "exceeds spec.resources.limits.memory 2Gi (2.0 GiB); raise the limit to at least 7Gi" in invalid.message
+    assert "sharded checkpoints" in invalid.message and "more nodes" in invalid.message
+
+
+def test_a_stages_own_resources_decide_its_host_memory_limit():
+    def own(spec):
+        _limit("64Gi")(spec)
+        _limit("3Gi", stage=2)(spec)    # the Stage2 pod only
+    invalid = _invalid(own)
+    assert invalid.reason == "InsufficientHostMemory" and invalid.stage == "dmd"
+    assert "spec.stages[2] (dmd)" in invalid.message and "spec.stages[2].resources.limits.memory 3Gi" in invalid.message
+
+    def own_without_limit(spec):
+        _limit("2Gi")(spec)
+        for stage in spec["stages"]:
+            stage["resources"] = {"limits": {"nvidia.com/gpu": 1}}   # as the jobs use them: no memory limit
+    assert [s.host_limit for s in plan_run(_spec(own_without_limit), "/runs/tiny-wan", repo=REPO,
+                                           environ={}).stages] == [None] * 4
+
+
+def test_the_host_check_counts_every_rank_of_the_pod():
+    """Two ranks per pod: the pod needs rank 0's peak plus the other rank's (unsharded: the other holds no
+    checkpoint state)."""
+    from solar.config import memory
+
+    def two(spec):
+        spec["topology"].update(gpusPerNode=2)
+    plan = plan_run(_spec(two), "/runs/tiny-wan", repo=REPO, environ={})
+    fm = plan.stage("fm")
+    from solar.config.resolve import resolve_file
+
+    resolved = resolve_file(REPO / fm.config, list(fm.sets), expected_action="train", placeholders=False)
+    host = memory.forecast(resolved, gpu_memory_bytes=80 << 30, gpus_per_node=2).host
+    assert fm.host_memory == host.used["rank0"].peak + host.used["other"].peak > host.peak
+    gib = -(-fm.host_memory // 2**30)
+    assert _invalid(lambda s: (two(s), _limit(f"{gib - 1}Gi")(s))).reason == "InsufficientHostMemory"
+    assert plan_run(_spec(lambda s: (two(s), _limit(f"{gib}Gi")(s))), "/runs/tiny-wan", repo=REPO, environ={})
+
+
 @pytest.mark.parametrize("text, expected", [("80Gi", 80 << 30), ("141G", 141 * 10**9), ("1.5Ti", 3 << 39),
                                             ("1024", 1024), ("512Mi", 512 << 20)])
 def test_gpu_memory_is_a_kubernetes_quantity(text, expected):

@@ -25,6 +25,24 @@ The peak is every state plus the largest transient (Stage2: the student's or the
 update). A config ``fits`` when the peak leaves ``RESERVE`` of the GPU free (CUDA context, NCCL
 buffers, allocator fragmentation). Figures measured against ``torch.cuda.max_memory_allocated``
 are in bench/RESULTS.md.
+
+Host memory (CPU RAM) per rank, ``Forecast.host`` (``host_forecast``), from the same parameter counts:
+
+- steady: ``HOST_BASELINE`` for the process (Python, torch, the CUDA runtime; a stated assumption,
+  not a measurement; on ``runtime.device: cpu`` ``HOST_BASELINE_CPU`` plus the GPU forecast's peak,
+  whose states then live on the host), the data loader's clips (the one read ahead, the batch in use
+  and its pinned copy: fp32 latents and prompt rows), and with ``runtime.async_checkpoint`` the
+  staging buffers a save fills, kept between saves.
+- save, two paths: *whole-file* (today's; every unsharded run, and the format of every checkpoint
+  written before the sharded path): rank 0 receives every trained role's whole state, fp32 weights
+  (LoRA on a released base: the adapters), AdamW's two moments and the EMA; under FSDP2 every other
+  rank also gathers the whole EMA to its host. *sharded* (every rank writes its own shards through
+  torch.distributed.checkpoint): every rank holds the same bytes divided by the shard degree.
+  Unsharded runs hold the whole state on rank 0 in both. With ``async_checkpoint`` the whole-file
+  capture on rank 0 also holds the gathered weights and moments beside the staging buffers.
+- load: the loader reads a file tensor by tensor into the rank's own rows, so a start (released
+  base, checkpoint, resume) needs the steady figure before any save plus the largest tensor in fp32;
+  a run from seeded random weights (no base, no checkpoint) builds the whole model on every rank.
 """
 
 from __future__ import annotations
@@ -39,6 +57,9 @@ from solar.errors import ConfigError
 
 GIB = 1 << 30
 RESERVE_FRACTION, RESERVE_MIN = 0.05, 3 * GIB
+HOST_BASELINE = 6 * GIB          # one rank's process on a GPU: Python, torch, the CUDA runtime (assumed, not measured)
+HOST_BASELINE_CPU = 2 * GIB      # the same on runtime.device cpu (no CUDA runtime)
+CLIP_COPIES = 3                  # the clip read ahead, the batch in use, its pinned copy on the way to the GPU
 PROMPT_TOKENS = 512               # text rows in MiniMax-H3's packed sequence (its text encoder's length)
 
 # Bytes per token of the forward with grad, bf16 compute, at each family's released width: policy ->
@@ -68,12 +89,77 @@ class Forecast:
     usable_bytes: int
     suggestions: list[str] = field(default_factory=list)
     faster: str | None = None   # a config that fits: fewer blocks recomputed that still fit, if any
+    host: HostForecast | None = None   # host memory per rank (forecast() always sets it)
 
     def as_dict(self) -> dict:
         return {"gpu_memory_bytes": self.gpu_memory_bytes, "peak_bytes": self.peak_bytes, "fits": self.fits,
                 "usable_bytes": self.usable_bytes, "shard_degree": self.shard_degree,
                 "tokens_per_gpu": self.tokens_per_gpu, "roles": self.roles, "suggestions": self.suggestions,
-                "faster": self.faster}
+                "faster": self.faster, "host": self.host.as_dict() if self.host else None}
+
+
+@dataclass
+class HostPhases:
+    """One rank's host bytes: between saves, during a save, during a load; the peak is the largest."""
+    steady: int
+    save: int
+    load: int
+
+    @property
+    def peak(self) -> int:
+        return max(self.steady, self.save, self.load)
+
+    def as_dict(self) -> dict:
+        return {"steady_bytes": self.steady, "save_bytes": self.save, "load_bytes": self.load,
+                "peak_bytes": self.peak}
+
+
+@dataclass
+class HostForecast:
+    """Host memory (CPU RAM) per rank of the config at its topology; ``path`` is the checkpoint path
+    the config uses (``sharded`` under FSDP2 with world > 1, else ``whole-file``)."""
+    path: str
+    shard_degree: int
+    gpus_per_node: int
+    baseline: int                      # the process (HOST_BASELINE, or on the CPU its states too)
+    prefetch: int                      # the data loader's clips
+    largest_tensor: int                # fp32 bytes of the largest tensor a load reads at once
+    seeded: bool                       # no base, no checkpoint: every rank builds the whole model
+    saved: dict[str, dict[str, int]]   # trained role -> {weights, optimizer, ema}: whole bytes a checkpoint holds
+    sharded: dict[str, HostPhases]     # "rank0", "other": the sharded path (equal when sharded)
+    whole_file: dict[str, HostPhases]  # "rank0", "other": today's whole-file path
+
+    @property
+    def used(self) -> dict[str, HostPhases]:
+        return self.sharded if self.path == "sharded" else self.whole_file
+
+    @property
+    def peak(self) -> int:
+        """The peak of the rank that holds the most (rank 0) on the path the config uses."""
+        return self.used["rank0"].peak
+
+    def pod_bytes(self, ranks: int | None = None, *, whole_file: bool = False) -> int:
+        """The pod that holds rank 0: its peak plus ``ranks - 1`` (default gpus_per_node) other ranks',
+        on the path the config uses (``whole_file``: on today's whole-file path)."""
+        ranks = self.gpus_per_node if ranks is None else ranks
+        phases = self.whole_file if whole_file else self.used
+        return phases["rank0"].peak + (ranks - 1) * phases["other"].peak
+
+    def as_dict(self) -> dict:
+        gib = lambda n: round(n / GIB, 2)  # noqa: E731
+        used, whole = self.used["rank0"], self.whole_file["rank0"]
+        return {"path": self.path, "shard_degree": self.shard_degree, "gpus_per_node": self.gpus_per_node,
+                "baseline_bytes": self.baseline, "prefetch_bytes": self.prefetch,
+                "largest_tensor_bytes": self.largest_tensor, "seeded": self.seeded, "saved": self.saved,
+                **used.as_dict(), "pod_bytes": self.pod_bytes(),
+                "whole_file_pod_bytes": self.pod_bytes(whole_file=True),
+                "sharded": {k: v.as_dict() for k, v in self.sharded.items()},
+                "whole_file": {k: v.as_dict() for k, v in self.whole_file.items()},
+                "gib": {"steady": gib(used.steady), "save": gib(used.save), "load": gib(used.load),
+                        "peak": gib(used.peak), "pod": gib(self.pod_bytes()),
+                        "whole_file_rank0_save": gib(whole.save), "whole_file_rank0_peak": gib(whole.peak),
+                        "whole_file_other_save": gib(self.whole_file["other"].save),
+                        "whole_file_pod": gib(self.pod_bytes(whole_file=True))}}
 
 
 def shard_degree(cfg, gpus_per_node: int) -> int:
@@ -198,13 +284,91 @@ def forecast(resolved, *, gpu_memory_bytes: int, gpus_per_node: int = 8, look_fa
     states = sum(v for r in roles.values() for k, v in r.items() if k != "activations")
     peak = states + max(r.get("activations", 0) for r in roles.values())
     usable = gpu_memory_bytes - max(RESERVE_MIN, int(RESERVE_FRACTION * gpu_memory_bytes))
-    result = Forecast(gpu_memory_bytes, peak, peak <= usable, roles, degree, tokens, usable)
+    result = Forecast(gpu_memory_bytes, peak, peak <= usable, roles, degree, tokens, usable,
+                      host=host_forecast(resolved, gpus_per_node=gpus_per_node, device_peak=peak))
     if not result.fits:
         result.suggestions = _suggestions(resolved, gpu_memory_bytes=gpu_memory_bytes, gpus_per_node=gpus_per_node,
                                           peak=peak)
     elif cfg.distributed.activation_checkpointing and look_faster:
         result.faster = _faster(resolved, gpu_memory_bytes=gpu_memory_bytes, gpus_per_node=gpus_per_node)
     return result
+
+
+def _saved(cfg, *, ema: bool) -> dict[str, int]:
+    """The whole bytes one trained role's checkpoint holds: fp32 weights (LoRA on a released base: the
+    adapters only), AdamW's two fp32 moments and the fp32 EMA of the trainable weights."""
+    lay = layout(cfg.model.family, effective_dims(cfg), anyflow=cfg.train.objective == "anyflow_forward_map")
+    if cfg.model.training_mode == "lora":
+        lora = cfg.model.lora
+        trainable = lay.lora(lora_pattern(list(lora.targets)), lora.rank)
+        weights = trainable if cfg.model.pretrained_path else lay.total + trainable
+    else:
+        trainable = weights = lay.total
+    return {"weights": 4 * weights, "optimizer": 8 * trainable, "ema": 4 * trainable if ema else 0}
+
+
+def _largest_tensor(cfg) -> int:
+    """fp32 bytes of the largest single tensor: a block's (or H3 refiner's) largest linear, or the
+    largest projection outside the blocks (Wan's 6D x D and LTX's 9D x D timestep projections, the
+    text embedder, H3's output modulation)."""
+    family, dims = cfg.model.family, effective_dims(cfg)
+    lay = layout(family, dims, anyflow=cfg.train.objective == "anyflow_forward_map")
+    inside = max(x.fan_in * x.fan_out for x in lay.block + lay.refiner)
+    if family == "minimax_h3":
+        width = dims.hidden_size
+        outside = max(dims.text_dim * width, width * width)
+    else:
+        width = dims.num_heads * dims.head_dim
+        outside = max((9 if family == "ltx25_video" else 6) * width * width, dims.text_dim * width)
+    return 4 * max(inside, outside)
+
+
+def _prefetch(cfg) -> int:
+    """The data loader's clips on the host: ``CLIP_COPIES`` micro-batches of fp32 latents and prompt rows."""
+    spec, dims = families.spec(cfg.model.family), effective_dims(cfg)
+    latents = spec.vae.channels * latent_frames(cfg) * (cfg.data.height // spec.vae.spatial) * \
+        (cfg.data.width // spec.vae.spatial)
+    return CLIP_COPIES * cfg.train.micro_batch_size * 4 * (latents + PROMPT_TOKENS * dims.text_dim)
+
+
+def host_forecast(resolved, *, gpus_per_node: int = 8, device_peak: int = 0) -> HostForecast:
+    """Host memory per rank of a resolved ``train`` config at its topology (module docstring);
+    ``device_peak``: the GPU forecast's peak, held on the host instead when ``runtime.device`` is cpu."""
+    cfg, route = resolved.config, resolved.route
+    degree = shard_degree(cfg, gpus_per_node)
+    fsdp = cfg.distributed.sharding != "none" and cfg.distributed.world_size > 1
+    ema = cfg.train.ema.enabled
+    if route.stage == "stage2":   # the frozen teacher is not saved; only the student keeps an EMA
+        saved = {"student": _saved(cfg, ema=ema), "critic": _saved(cfg, ema=False)}
+    else:
+        saved = {"model": _saved(cfg, ema=ema)}
+    saved = {role: {k: v for k, v in parts.items() if v} for role, parts in saved.items()}
+    whole = sum(v for parts in saved.values() for v in parts.values())
+    gathered = sum(parts.get("weights", 0) + parts.get("optimizer", 0) for parts in saved.values())
+    ema_bytes = sum(parts.get("ema", 0) for parts in saved.values())
+    baseline = HOST_BASELINE_CPU + device_peak if cfg.runtime.device == "cpu" else HOST_BASELINE
+    prefetch = _prefetch(cfg)
+    base = baseline + prefetch
+    staged = cfg.runtime.async_checkpoint
+    seeded = not cfg.model.pretrained_path and cfg.checkpoint.mode in (None, "none")
+    largest = _largest_tensor(cfg)
+    # before any save (the staging buffers come with the first): one tensor at a time, or the whole model
+    load = base + (sum(parts.get("weights", 0) for parts in saved.values()) if seeded else largest)
+    if fsdp:
+        # whole files: rank 0 receives every role's whole state, every rank gathers the whole EMA; with
+        # staging, rank 0's buffers keep the whole state and the capture adds the gathered weights and moments
+        whole_file = {"rank0": HostPhases(base + (whole if staged else 0), base + whole + (gathered if staged else 0),
+                                          load),
+                      "other": HostPhases(base + (ema_bytes if staged else 0), base + ema_bytes, load)}
+        share = sum(-(-v // degree) for parts in saved.values() for v in parts.values())
+        rank = HostPhases(base + (share if staged else 0), base + share, load)
+        sharded = {"rank0": rank, "other": rank}
+    else:   # one rank saves: rank 0 holds the whole state on either path, the others nothing
+        whole_file = {"rank0": HostPhases(base + (whole if staged else 0), base + whole, load),
+                      "other": HostPhases(base, base, load)}
+        sharded = dict(whole_file)
+    return HostForecast("sharded" if fsdp else "whole-file", degree, gpus_per_node, baseline, prefetch, largest,
+                        seeded, saved, sharded, whole_file)
 
 
 def _faster(resolved, *, gpu_memory_bytes: int, gpus_per_node: int) -> str | None:
@@ -281,7 +445,31 @@ def table(fc: Forecast) -> str:
     lines += [f"to fit: {s}" for s in fc.suggestions]
     if fc.faster:
         lines.append(f"faster, still fits: {fc.faster}")
+    if fc.host is not None:
+        lines += host_lines(fc.host)
     return "\n".join(lines)
+
+
+def host_lines(host: HostForecast) -> list[str]:
+    """The host forecast as two lines: per rank on the path the config uses (beside today's whole
+    files), then the whole checkpoint state per trained role."""
+    g = lambda n: f"{n / GIB:.1f}"  # noqa: E731
+    used, whole = host.used["rank0"], host.whole_file["rank0"]
+    load = f"load {g(used.load)} GiB" + (" (seeded: the whole model on every rank)" if host.seeded else "")
+    if host.path == "sharded":
+        head = f"host memory per rank (sharded checkpoints, 1/{host.shard_degree} of the state each)"
+        save = f"save {g(used.save)} GiB (rank 0 {g(whole.save)} GiB with whole files, today's path)"
+    else:
+        head = "host memory per rank (whole-file checkpoints: rank 0 holds the state)"
+        save = f"save {g(used.save)} GiB on rank 0 ({g(host.used['other'].save)} GiB on the others)"
+    parts = ", ".join(f"{role} {g(sum(p.values()))} GiB ("
+                      + ", ".join(f"{NAMES[k]} {g(v)}" for k, v in p.items()) + ")" for role, p in host.saved.items())
+    return [f"{head}: steady {g(used.steady)} GiB, {save}, {load}; peak {g(host.peak)} GiB, "
+            f"{g(host.pod_bytes())} GiB per {host.gpus_per_node}-GPU pod",
+            f"checkpoint state on the host (whole, fp32): {parts}"]
+
+
+NAMES = {"weights": "weights", "optimizer": "AdamW moments", "ema": "EMA"}
 
 
 def _gib(n: float) -> int:

@@ -33,9 +33,11 @@ TOPOLOGY_MISMATCH = Reason("TopologyMismatch", "{detail}")
 INVALID_INIT = Reason("InvalidInit", "{detail}")
 INVALID_SPEC = Reason("InvalidSpec", "{detail}")
 INSUFFICIENT_GPU_MEMORY = Reason("InsufficientGPUMemory", "{detail}")
+INSUFFICIENT_HOST_MEMORY = Reason("InsufficientHostMemory", "{detail}")
 BACKEND_UNAVAILABLE = Reason("BackendUnavailable", "{detail}")
 VALIDATION_REASONS = tuple(r.name for r in (UNSUPPORTED_ROUTE, UNRESOLVED_PLACEHOLDER, TOPOLOGY_MISMATCH,
-                                            INVALID_INIT, INVALID_SPEC, INSUFFICIENT_GPU_MEMORY, BACKEND_UNAVAILABLE))
+                                            INVALID_INIT, INVALID_SPEC, INSUFFICIENT_GPU_MEMORY,
+                                            INSUFFICIENT_HOST_MEMORY, BACKEND_UNAVAILABLE))
 MEMORY_FORECAST = Reason("MemoryForecast", "GPU memory per GPU forecast: {detail}")
 
 # Progress

@@ -14,13 +14,17 @@ in order, the stage's own ``set`` and the edits the run owns:
 
 A stage's own ``set`` may not touch keys the run owns. Failures carry the reason the
 ``Validated`` condition reports: UnsupportedRoute, UnresolvedPlaceholder, TopologyMismatch,
-InvalidInit, InvalidSpec, or InsufficientGPUMemory (a training stage whose memory forecast does not
-fit a declared ``topology.gpuMemory``; every training stage's forecast is part of the plan).
+InvalidInit, InvalidSpec, InsufficientGPUMemory (a training stage whose memory forecast does not
+fit a declared ``topology.gpuMemory``; every training stage's forecast is part of the plan), or
+InsufficientHostMemory (a training stage whose pod, ``gpusPerNode`` ranks, needs more host memory
+at its forecast peak than the container's ``resources.limits.memory``, the stage's own resources
+else the run's).
 """
 
 from __future__ import annotations
 
 import hashlib
+import math
 import os
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -55,6 +59,8 @@ class StagePlan:
     nproc: int = 1                   # processes per node (torchrun --nproc-per-node)
     memory_peak: int | None = None   # training: forecast peak GPU memory per GPU (solar config memory)
     gpu_memory: int | None = None    # the declared topology.gpuMemory it fits
+    host_memory: int | None = None   # training: forecast peak host memory of the pod holding rank 0
+    host_limit: int | None = None    # the container's resources.limits.memory it fits
 
     def checkpoint_dir(self, step: int) -> str:
         """A checkpoint of this stage as the trainer (the pods) see it."""
@@ -139,32 +145,68 @@ def plan_run(spec: SolarRunSpec, run_root: str, *, repo: str | os.PathLike[str] 
                                             f"{spec.family}", stage.name)
         final = cfg.train.max_steps if cfg.action == "train" else None
         validation_step = _last_validation_step(cfg) if cfg.action == "train" else None
-        peak, gpu = _memory(resolved, t, t.gpuMemory or spec.topology.gpuMemory, where, stage.name) \
-            if cfg.action == "train" else (None, None)
+        peak, gpu, host, limit = _memory(resolved, t, t.gpuMemory or spec.topology.gpuMemory,
+                                         _memory_limit(spec, stage, index), where, stage.name) \
+            if cfg.action == "train" else (None, None, None, None)
         plans.append(StagePlan(stage.name, index, cfg.action, route.key, stage.config, sets, stage_dir, final,
                                validation_step, cfg.action == "infer" and bool(cfg.validation.passes), sources,
-                               nodes=t.nodes, nproc=t.gpusPerNode, memory_peak=peak, gpu_memory=gpu))
+                               nodes=t.nodes, nproc=t.gpusPerNode, memory_peak=peak, gpu_memory=gpu,
+                               host_memory=host, host_limit=limit))
     t = spec.topology
     dp = t.world_size // t.sequenceParallelSize
     return RunPlan(tuple(plans), t.world_size, dp, t.globalBatchSize or dp * t.microBatchSize * t.gradientAccumulation)
 
 
-def _memory(resolved, topology, declared: str | None, where: str, stage: str) -> tuple[int, int | None]:
-    """The stage's forecast peak per GPU, refused when a declared ``topology.gpuMemory`` (the stage's,
-    else the run's) is too small."""
+def _memory_limit(spec: SolarRunSpec, stage, index: int) -> tuple[str, str] | None:
+    """(where, quantity) of the trainer container's memory limit: the stage's own ``resources`` when it
+    gives them (as the jobs use them), else ``spec.resources``; None without a limit."""
+    own = stage.resources is not None
+    resources = stage.resources if own else spec.resources
+    limits = resources.get("limits") if isinstance(resources, dict) else None
+    value = limits.get("memory") if isinstance(limits, dict) else None
+    if value is None:
+        return None
+    where = f"spec.stages[{index}].resources" if own else "spec.resources"
+    return f"{where}.limits.memory", str(value)
+
+
+def _memory(resolved, topology, declared: str | None, limit: tuple[str, str] | None, where: str,
+            stage: str) -> tuple[int, int | None, int, int | None]:
+    """The stage's forecast peak per GPU and its pod's peak host memory, refused when a declared
+    ``topology.gpuMemory`` (the stage's, else the run's) is too small, or when the pod's ranks need
+    more host memory than the container's memory limit."""
     from solar.config import memory
     from solar.run.spec import quantity_bytes
 
     gpu = quantity_bytes(declared) if declared else None
     forecast = memory.forecast(resolved, gpu_memory_bytes=gpu or 80 * memory.GIB, gpus_per_node=topology.gpusPerNode,
                                look_faster=False)
+    gib = memory.GIB
     if gpu is not None and not forecast.fits:
-        gib = memory.GIB
         raise RunInvalid("InsufficientGPUMemory", f"{where}: forecast {forecast.peak_bytes / gib:.1f} GiB per GPU "
                          f"does not fit topology.gpuMemory {declared} ({forecast.usable_bytes / gib:.1f} GiB "
                          f"usable); to fit: {'; '.join(forecast.suggestions)} (solar config memory shows each role)",
                          stage)
-    return forecast.peak_bytes, gpu
+    host = forecast.host
+    need = host.pod_bytes(topology.gpusPerNode)
+    try:   # a quantity this parser does not read (e.g. 1e9, Pi) is left to the API server
+        limit_bytes = quantity_bytes(limit[1]) if limit else None
+    except ValueError:
+        limit_bytes = None
+    if limit_bytes is not None and need > limit_bytes:
+        key, text = limit
+        ranks = topology.gpusPerNode
+        rank0 = host.used["rank0"]
+        when = "a checkpoint save" if rank0.peak == rank0.save else "a load" if rank0.peak == rank0.load else \
+            "between saves"
+        fix = "use sharded checkpoints (distributed.sharding full_shard or hybrid_shard over several GPUs) or more " \
+              "nodes" if host.path == "whole-file" else "use more nodes (fewer GPUs per pod)"
+        raise RunInvalid("InsufficientHostMemory", f"{where}: forecast host memory {need / gib:.1f} GiB per pod "
+                         f"({ranks} rank{'s' if ranks > 1 else ''}; rank 0 {host.peak / gib:.1f} GiB during {when}, "
+                         f"{host.path} checkpoints) exceeds {key} {text} ({limit_bytes / gib:.1f} GiB); raise the "
+                         f"limit to at least {math.ceil(need / gib)}Gi, or {fix} (solar config memory shows the host "
+                         "line)", stage)
+    return forecast.peak_bytes, gpu, need, limit_bytes
 
 
 _CONFIGS: dict[tuple[str, int, int], tuple[str, dict]] = {}
