@@ -67,7 +67,8 @@ def write_checkpoint(sets: list[str], root: Path) -> Path:
 def main() -> None:
     shutil.rmtree(WORK, ignore_errors=True)
     WORK.mkdir(parents=True)
-    data = Path(os.environ["BENCH_DATA"]) if "BENCH_DATA" in os.environ else released_data(480, 864)
+    data = Path(os.environ["BENCH_DATA"]) if "BENCH_DATA" in os.environ else \
+        released_data(480, 864, samples=16)   # 4 test rows: BENCH_SAMPLES up to 4
     out, final = WORK / "out", WORK / "run" / "checkpoints" / "step_00000001"
     started = time.time()
     checkpoint = write_checkpoint(_sets(data, final, out), WORK / "run")

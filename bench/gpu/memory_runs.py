@@ -46,12 +46,13 @@ CASES = {
 STEPS = {"s2_l5_480": 12, "s2_l10_480": 12}  # Stage2: student updates at outer steps 6 and 11 (AdamW allocates its state at the first)
 
 
-def released_data(height: int, width: int) -> Path:
-    """``solar data synth --profile released`` data at this resolution (4 clips), made once per WORK."""
-    root = WORK / f"data-{height}x{width}"
+def released_data(height: int, width: int, samples: int = 4) -> Path:
+    """``solar data synth --profile released`` data at this resolution (``samples`` training clips and
+    a quarter of that, at least 2, test clips), made once per WORK."""
+    root = WORK / (f"data-{height}x{width}" + (f"-{samples}" if samples != 4 else ""))
     if not (root / "train-index.jsonl.gz").exists():
         subprocess.run([sys.executable, "-m", "solar", "data", "synth", "--family", "wan22_ti2v_5b", "--out",
-                        str(root), "--samples", "4", "--profile", "released"], check=True, cwd=REPO,
+                        str(root), "--samples", str(samples), "--profile", "released"], check=True, cwd=REPO,
                        stdout=subprocess.DEVNULL)
     return root
 

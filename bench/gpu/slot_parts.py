@@ -10,7 +10,9 @@ what a trained decoder shows. The encode is timed on those frames (``encode`` al
 synthetic clip of moving gradients); x264's speed depends on the content, and random decoder output
 is harder to compress than natural video.
 
-    PYTHONPATH=trainer:. python3 bench/gpu/slot_parts.py [decode] [encode]
+    PYTHONPATH=trainer:. python3 bench/gpu/slot_parts.py [decode] [encode] [variants]
+
+``variants`` adds bf16 decodes with cuDNN's autotuner and with channels-last 3D tensors.
 
 ``BENCH_LATENTS`` (default 60), ``BENCH_HW`` (default 480x864).
 """
@@ -74,6 +76,28 @@ def decode_case() -> torch.Tensor:
               "frames": int(frames[dtype].shape[0]), "hw": f"{H}x{W}", "seconds": round(seconds, 3),
               "peak_gib": round(torch.cuda.max_memory_allocated() / 2**30, 2) if DEVICE == "cuda" else None})
         del out
+    if "variants" in sys.argv[1:]:
+        # bf16 with cuDNN's autotuner, then also with channels-last 3D weights and input
+        vae.to(torch.bfloat16)
+        torch.backends.cudnn.benchmark = True
+        for name, fmt in (("bf16+cudnn.benchmark", None), ("bf16+benchmark+channels_last_3d", torch.channels_last_3d)):
+            if fmt is not None:
+                for m in vae.modules():
+                    if isinstance(m, torch.nn.Conv3d):
+                        m.weight.data = m.weight.data.contiguous(memory_format=fmt)
+            x = z if fmt is None else z.contiguous(memory_format=fmt)
+            wan_vae.decode(vae, x[:, :, :3])
+            wan_vae.decode(vae, x[:, :, :3])
+            _sync()
+            started = time.perf_counter()
+            out = wan_vae.decode(vae, x)
+            _sync()
+            seconds = time.perf_counter() - started
+            got = video.to_uint8(out[0])
+            emit({"bench": "slot_parts", "case": "decode", "dtype": name, "latents": LATENTS, "seconds": round(seconds, 3),
+                  "psnr_vs_bf16_db": round(psnr(got, frames[torch.bfloat16]), 2)})
+            del out
+        torch.backends.cudnn.benchmark = False
     a, b = frames[torch.float32], frames[torch.bfloat16]
     diff = (a.int() - b.int()).abs()
     emit({"bench": "slot_parts", "case": "decode_bf16_vs_fp32", "psnr_db": round(psnr(a, b), 2),
@@ -137,7 +161,7 @@ def encode_case(decoded: torch.Tensor | None) -> None:
 
 
 def main(argv: list[str]) -> None:
-    cases = argv or ["decode", "encode"]
+    cases = [a for a in argv if a != "variants"] or ["decode", "encode"]
     decoded = decode_case() if "decode" in cases else None
     if "encode" in cases:
         encode_case(decoded)

@@ -122,6 +122,7 @@ def test_cli_verbs_and_flags_are_frozen_to_the_contract():
         "infer": {"--config", "--set"},
         "checkpoint verify": {"--route-config"},
         "checkpoint list": set(),
+        "checkpoint export": {"--out"},  # issue 38: whole files from a sharded checkpoint
         "model convert": {"--family", "--from", "--out"},
         "run": {"--workdir", "--nproc", "--dry-run"},  # --dry-run: contract.md §7
         "diagnose": {"--json"},

@@ -13,6 +13,9 @@ import subprocess
 import sys
 
 import pytest
+import torch
+
+from solar.launch.materialize import role_tensors
 
 from tests.conftest import CONFIGS, REPO
 from tests.e2e.conftest import free_port
@@ -78,8 +81,13 @@ def test_a_sharded_run_resumes_exactly_from_its_own_checkpoint(wan):
                          "checkpoint.mode=full_resume", f"checkpoint.path={ckpt}"), nproc=2))
     assert _steps(split) == _steps(wan["sharded"])  # both launches append to one event log
     a, b = split / "checkpoints" / "step_00000008", wan["sharded"] / "checkpoints" / "step_00000008"
-    for member in ("student/live.safetensors", "student/ema.safetensors", "student/optimizer.safetensors",
-                   "critic/live.safetensors", "critic/optimizer.safetensors", "trainer.json"):
+    assert (a / "shards.json").is_file()   # saved sharded: every rank its own part
+    for role, kind in (("student", "live"), ("student", "ema"), ("student", "optimizer"), ("critic", "live"),
+                       ("critic", "optimizer")):
+        x, y = role_tensors(a, role, kind), role_tensors(b, role, kind)
+        assert x.keys() == y.keys() != set(), (role, kind)
+        assert all(torch.equal(x[k].read(), y[k].read()) for k in x), (role, kind)
+    for member in ("trainer.json", "student/optimizer.json", "critic/optimizer.json"):
         assert (a / member).read_bytes() == (b / member).read_bytes(), member
 
 

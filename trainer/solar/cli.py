@@ -175,6 +175,16 @@ def cmd_checkpoint_list(args: argparse.Namespace) -> int:
     return 0
 
 
+def cmd_checkpoint_export(args: argparse.Namespace) -> int:
+    from solar.train.checkpoint_export import export
+
+    from pathlib import Path
+
+    final = export(Path(args.checkpoint), Path(args.out), log=lambda line: print(line, file=sys.stderr, flush=True))
+    print(f"solar: exported {args.checkpoint} -> {final}", file=sys.stderr)
+    return 0
+
+
 def cmd_diagnose(args: argparse.Namespace) -> int:
     from solar.diagnose import diagnose_dir
 
@@ -304,7 +314,7 @@ def build_parser() -> argparse.ArgumentParser:
                        help="validate and print the plan and each stage's launch; write and start nothing")
     run_p.set_defaults(func=cmd_run)
 
-    ck = verbs.add_parser("checkpoint", help="verify and list checkpoints")
+    ck = verbs.add_parser("checkpoint", help="verify, list and export checkpoints")
     ck_verbs = ck.add_subparsers(dest="checkpoint_verb", metavar="ACTION", parser_class=_Parser)
     ck_verbs.required = True
     verify_p = ck_verbs.add_parser("verify", help="check a checkpoint's transaction and members (exit 2 if invalid)")
@@ -315,6 +325,11 @@ def build_parser() -> argparse.ArgumentParser:
     list_p = ck_verbs.add_parser("list", help="every checkpoint of a run (partials as incomplete)")
     list_p.add_argument("run_dir", metavar="RUN_DIR")
     list_p.set_defaults(func=cmd_checkpoint_list)
+    export_p = ck_verbs.add_parser("export", help="a checkpoint as whole files, one per role and kind "
+                                   "(from a sharded one), with release-manifest.json; DIR must not exist")
+    export_p.add_argument("checkpoint", metavar="CHECKPOINT")
+    export_p.add_argument("--out", required=True, metavar="DIR")
+    export_p.set_defaults(func=cmd_checkpoint_export)
 
     diagnose_p = verbs.add_parser("diagnose", help="what went wrong in a run, from the evidence it left")
     diagnose_p.add_argument("run_dir", metavar="RUN_DIR", help="a run's runtime.output_dir")

@@ -46,6 +46,7 @@ class Dist:
     dp_group: object = None
     seq: int = 0
     on_collective: Callable[[str, int], None] = field(default=lambda name, seq: None)
+    _checkpoint_group: object = None
 
     @property
     def dp_rank(self) -> int:
@@ -71,6 +72,14 @@ class Dist:
         if self.initialized:
             self._enter(name)
             dist.barrier()
+
+    def checkpoint_group(self):
+        """A gloo group of every rank for sharded checkpoint saves (made at the first, which every rank
+        enters together): its collectives may run on a background thread beside training's."""
+        if self.initialized and self._checkpoint_group is None:
+            self._enter("checkpoint-group")
+            self._checkpoint_group = dist.new_group(backend="gloo")
+        return self._checkpoint_group
 
     def all_reduce(self, tensor: torch.Tensor, name: str, op=None, group=None) -> torch.Tensor:
         if self.initialized:

@@ -7,7 +7,8 @@ its device and fills them from lazy weight sources, each rank reading only its r
 shard. Sources:
 
 - ``released(family, path)``: a Solar directory (``solar model convert``) or a diffusers folder;
-- ``checkpoint(path, role, which)``: a checkpoint member's live weights, the EMA laid over them;
+- ``checkpoint(path, role, which)``: a checkpoint member's live weights, the EMA laid over them,
+  from whole files or from every rank's shards of a sharded save (``shards``);
 - ``module_tensors(model)``: a model already in memory (the seeded random init, built whole on the
   host as before so its parameters are the same; the only path that holds a full copy).
 
@@ -19,7 +20,9 @@ rank. Everything else missing, extra or of another shape is an error naming the 
 
 from __future__ import annotations
 
+import functools
 import hashlib
+import json
 import math
 from collections.abc import Mapping
 from dataclasses import dataclass
@@ -38,12 +41,14 @@ DELTA_FROM = {"condition_embedder.delta_embedding.": "condition_embedder.time_em
 
 @dataclass(frozen=True)
 class Lazy:
-    """One tensor of a source, read whole or by rows: a safetensors member or a tensor in memory."""
+    """One tensor of a source, read whole or by rows: a safetensors member, a tensor in memory, or
+    the row pieces of a sharded checkpoint's tensor (``chunks``: (file, key, first row, end row))."""
 
     shape: tuple[int, ...]
     file: Path | None = None
     key: str | None = None
     tensor: torch.Tensor | None = None
+    chunks: tuple[tuple[Path, str, int, int], ...] | None = None
 
     def read_like(self, like: torch.Tensor) -> torch.Tensor:
         """A new tensor laid out like ``like`` (this rank's rows of a sharded one) holding this one."""
@@ -55,10 +60,30 @@ class Lazy:
     def read(self, rows: tuple[int, int] | None = None) -> torch.Tensor:
         if self.tensor is not None:
             return self.tensor if rows is None else self.tensor[rows[0]:rows[1]]
+        if self.chunks is not None:
+            return self._assemble(rows)
         with safe_open(str(self.file), framework="pt") as handle:
             if rows is None:
                 return handle.get_tensor(self.key)
             return handle.get_slice(self.key)[rows[0]:rows[1]]
+
+
+    def _assemble(self, rows: tuple[int, int] | None) -> torch.Tensor:
+        """Rows ``rows`` (all when None) from the pieces that hold them, each read by its own rows."""
+        if not self.shape:
+            file, key, _, _ = self.chunks[0]
+            with safe_open(str(file), framework="pt") as handle:
+                return handle.get_tensor(key)
+        lo, hi = rows if rows is not None else (0, self.shape[0])
+        pieces = []
+        for file, key, start, end in self.chunks:
+            a, b = max(lo, start), min(hi, end)
+            if a < b:
+                with safe_open(str(file), framework="pt") as handle:
+                    pieces.append(handle.get_slice(key)[a - start:b - start])
+        if not pieces:
+            return torch.empty((0, *self.shape[1:]))
+        return pieces[0] if len(pieces) == 1 else torch.cat(pieces)
 
 
 def members(file: Path) -> dict[str, Lazy]:
@@ -86,17 +111,54 @@ def released(family: str, path: str) -> dict[str, Lazy]:
     return out
 
 
+def shards(path: Path) -> dict[str, Lazy]:
+    return _shards(str(Path(path).resolve()))
+
+
+@functools.lru_cache(maxsize=4)   # a committed checkpoint never changes; one load asks for each role's kinds
+def _shards(path: str) -> dict[str, Lazy]:
+    """Every tensor of a sharded checkpoint (``solar.train.checkpoint_shards``) by its checkpoint name,
+    each assembled from the row pieces its ranks wrote: any number of ranks at any sharding reads back
+    just its own rows."""
+    from solar.storage.checkpoints import SHARDING_INFO, SHARDS_DIR, SHARDS_LAYOUT
+
+    path = Path(path)
+    layout = json.loads((path / SHARDS_LAYOUT).read_text())["tensors"]
+    pieces: dict[str, list[tuple[Path, str, int, int]]] = {}
+    for file in sorted((path / SHARDS_DIR).glob("*.safetensors")):
+        header = safetensors_header(file)
+        info = json.loads((header.get("__metadata__") or {}).get(SHARDING_INFO, "{}"))
+        for key, entry in header.items():
+            if key != "__metadata__" and entry["shape"] is not None:
+                start = info[key]["saved_offsets"][0] if entry["shape"] else 0
+                pieces.setdefault(key, []).append((file, key, start, start + (entry["shape"][0] if entry["shape"] else 1)))
+    missing = sorted(set(layout) - set(pieces))
+    if missing:
+        raise CheckpointError(f"{path}: its shard files lack {len(missing)} tensors, e.g. {missing[:2]}")
+    return {k: Lazy(tuple(v["shape"]), chunks=tuple(sorted(pieces[k], key=lambda c: c[2]))) for k, v in layout.items()}
+
+
+def role_tensors(path: Path, role: str, kind: str) -> dict[str, Lazy]:
+    """One role's ``kind`` (live, ema or optimizer) from a checkpoint of either layout: whole files
+    (``<role>/<kind>.safetensors``) or every rank's shards; {} when the checkpoint has none."""
+    path = Path(path)
+    if (path / "shards.json").is_file():
+        prefix = f"{role}/{kind}/"
+        return {k[len(prefix):]: v for k, v in shards(path).items() if k.startswith(prefix)}
+    file = path / role / f"{kind}.safetensors"
+    return members(file) if file.is_file() else {}
+
+
 def checkpoint(path: Path, role: str, which: str) -> dict[str, Lazy]:
     """A checkpoint's ``role`` member, ``which`` live or ema (the EMA shadow over the live weights)."""
-    live = path / role / "live.safetensors"
-    if not live.is_file():
-        raise CheckpointError(f"{path} has no {role} weights ({role}/live.safetensors)")
-    out = members(live)
+    out = role_tensors(path, role, "live")
+    if not out:
+        raise CheckpointError(f"{path} has no {role} weights ({role}/live.safetensors or shards)")
     if which == "ema":
-        ema = path / role / "ema.safetensors"
-        if not ema.is_file():
+        ema = role_tensors(path, role, "ema")
+        if not ema:
             raise CheckpointError(f"{path} has no {role} EMA weights; use weights: live")
-        out.update(members(ema))
+        out.update(ema)
     return out
 
 

@@ -1,5 +1,9 @@
 """Checkpoint transactions and verification (no torch).
 
+Roles are saved as whole files (``<role>/live.safetensors`` ...: unsharded runs) or, under FSDP2, as
+every rank's own shards (``shards/`` with ``shards.json``: ``solar.train.checkpoint_shards``); a
+sharded checkpoint verifies only when its shard files hold every row of every tensor once.
+
 A checkpoint is built in a hidden sibling ``checkpoints/.step_NNNNNNNN.<random>.partial/``; when
 every member is written, ``commit`` writes ``manifest.json`` (every member with its byte size),
 then ``COMPLETE.json`` (``manifest_digest`` = BLAKE2s-256 of the manifest's exact bytes), fsyncs
@@ -24,6 +28,11 @@ MANIFEST_SCHEMA = "solar.checkpoint.v1"
 COMPLETE_SCHEMA = "solar.checkpoint-complete.v1"
 STEP_DIR = re.compile(r"^step_(\d{8})$")
 PARTIAL_DIR = re.compile(r"^\.step_(\d{8})\.[0-9a-f]+\.partial$")
+# A sharded save (FSDP2: every rank writes its own shards through torch.distributed.checkpoint):
+# its shard files, the layout they add up to, and DCP's header key for each piece's offsets.
+SHARDS_DIR = "shards"
+SHARDS_LAYOUT = "shards.json"
+SHARDING_INFO = "DCP_SHARDING_INFO"
 CONTRACT_KEYS = ("family", "stage", "causal_mode", "objective", "objective_variant",
                  "camera_translation_transform", "parameterization", "sequence_parallel_size", "data_generation")
 
@@ -70,8 +79,10 @@ def remove_partial(partial: Path) -> bool:
     return not partial.exists()
 
 
-def commit(partial: Path, *, step: int, contract: dict, roles: dict, trainer_state: dict) -> Path:
-    """Write manifest + COMPLETE, fsync everything, rename into place. Returns the final path."""
+def commit(partial: Path, *, step: int, contract: dict, roles: dict, trainer_state: dict,
+           final: Path | None = None) -> Path:
+    """Write manifest + COMPLETE, fsync everything, rename into place (``checkpoints/step_NNNNNNNN``
+    beside the partial, or ``final``: an export). Returns the final path."""
     files = []
     for dirpath, _dirs, names in os.walk(partial):
         for name in sorted(names):
@@ -79,6 +90,9 @@ def commit(partial: Path, *, step: int, contract: dict, roles: dict, trainer_sta
             rel = full.relative_to(partial).as_posix()
             files.append({"path": rel, "size": full.stat().st_size})
     files.sort(key=lambda f: f["path"])
+    shard_files = [f["path"] for f in files if f["path"].startswith(SHARDS_DIR + "/")]
+    roles = {role: ({**spec, "members": [*spec["members"], SHARDS_LAYOUT, *shard_files]}
+                    if spec.get("layout") == "sharded" else spec) for role, spec in roles.items()}
     manifest = {"schema": MANIFEST_SCHEMA, "step": step, "contract": contract, "roles": roles,
                 "files": files, "trainer_state": trainer_state}
     data = pretty_bytes(manifest)
@@ -88,10 +102,64 @@ def commit(partial: Path, *, step: int, contract: dict, roles: dict, trainer_sta
     with open(partial / "COMPLETE.json", "xb") as handle:
         handle.write(pretty_bytes(complete))
     _fsync_tree(partial)
-    final = partial.parent / step_name(step)
+    final = Path(final) if final is not None else partial.parent / step_name(step)
+    if final.exists():
+        raise CheckpointError(f"{final} already exists; checkpoints are never overwritten")
     os.rename(partial, final)
     fsync_dir(partial.parent)
     return final
+
+
+def _header(path: Path) -> dict:
+    with open(path, "rb") as handle:
+        (length,) = struct.unpack("<Q", handle.read(8))
+        return json.loads(handle.read(length))
+
+
+def _shard_problems(root: Path, shard_files: list[str]) -> list[str]:
+    """A sharded checkpoint's shard files against ``shards.json``: every tensor's rows are there, once,
+    in pieces of its shape (a rank's missing or foreign file shows as rows missing or too many)."""
+    try:
+        layout = json.loads((root / SHARDS_LAYOUT).read_text())["tensors"]
+    except (OSError, ValueError, KeyError) as exc:
+        return [f"{SHARDS_LAYOUT} is missing or unreadable ({exc})"]
+    pieces: dict[str, list[tuple[int, int]]] = {}
+    problems = []
+    for rel in shard_files:
+        try:
+            header = _header(root / rel)
+            info = json.loads((header.get("__metadata__") or {}).get(SHARDING_INFO, "{}"))
+        except (OSError, ValueError, struct.error) as exc:
+            problems.append(f"member {rel}: unreadable shard header ({exc})")
+            continue
+        for key, entry in header.items():
+            if key == "__metadata__":
+                continue
+            full = layout.get(key)
+            offsets = info.get(key, {}).get("saved_offsets")
+            shape = entry["shape"]
+            if full is None or offsets is None:
+                problems.append(f"member {rel}: tensor {key} is not in {SHARDS_LAYOUT}")
+                continue
+            if entry["dtype"] != full["dtype"] or list(shape[1:]) != list(full["shape"][1:]) or any(offsets[1:]):
+                problems.append(f"member {rel}: tensor {key} is not a piece of rows of {full['shape']} {full['dtype']}")
+                continue
+            pieces.setdefault(key, []).append((offsets[0], offsets[0] + shape[0]) if shape else (0, 1))
+    for key, full in layout.items():
+        rows = full["shape"][0] if full["shape"] else 1
+        covered, at = sorted(pieces.get(key, [])), 0
+        for lo, hi in covered:
+            if hi == lo:
+                continue
+            if lo != at:
+                break
+            at = hi
+        if at != rows or sum(hi - lo for lo, hi in covered) != rows:
+            problems.append(f"tensor {key}: its shards hold {sum(hi - lo for lo, hi in covered)} of {rows} rows "
+                            f"(a rank's part is missing or doubled)")
+            if len(problems) > 20:
+                break
+    return problems
 
 
 def _safetensors_problem(path: Path) -> str | None:
@@ -161,12 +229,17 @@ def verify(path: str | os.PathLike[str], contract: dict | None = None) -> dict:
             problem = _safetensors_problem(member)
             if problem:
                 problems.append(f"member {rel}: {problem}")
+    sharded = False
     for role, spec in (manifest.get("roles") or {}).items():
         members = spec.get("members", [])
-        report["roles"][role] = {"weights": spec.get("weights", []), "members": members}
+        report["roles"][role] = {"weights": spec.get("weights", []), "members": members,
+                                 "layout": spec.get("layout", "files")}
+        sharded = sharded or spec.get("layout") == "sharded"
         for rel in members:
             if rel not in listed:
                 problems.append(f"role {role} member {rel} is not in the manifest")
+    if sharded and not problems:
+        problems += _shard_problems(root, sorted(r for r in listed if r.startswith(SHARDS_DIR + "/")))
     if contract is not None:
         saved = manifest.get("contract", {})
         for key, value in contract.items():

@@ -58,35 +58,29 @@ def full(tensors: dict[str, torch.Tensor], staging=None, key: str = "") -> dict[
 def snapshot(model: torch.nn.Module, optimizer: torch.optim.Optimizer, names: list[str], *, sharded: bool,
              adapter_only: bool, ema: dict[str, torch.Tensor] | None, staging=None, key: str = "model",
              role: str | None = None) -> dict:
-    """Everything a role saves, as full CPU tensors that training may no longer change (copies; with
-    ``staging``, its buffers: wait for ``staging.ready()`` before reading them). Collective when
-    ``sharded``: call on every rank. ``role``: the role's adapter in a model whose LoRA base several
-    roles share; it saves the base and its own adapter under a single-role model's names."""
-    from solar.models.lora import role_name, shared_name
+    """Everything a role saves. Unsharded: full CPU tensors that training may no longer change (copies;
+    with ``staging``, its buffers: wait for ``staging.ready()`` before reading them). Sharded (FSDP2):
+    the role's own tensors as they are, DTensors included, for ``checkpoint_shards.stage`` to copy this
+    rank's shards of. ``role``: the role's adapter in a model whose LoRA base several roles share; it
+    saves the base and its own adapter under a single-role model's names.
 
-    if sharded:
-        from torch.distributed.checkpoint.state_dict import (
-            StateDictOptions,
-            get_model_state_dict,
-            get_optimizer_state_dict,
-        )
+    The optimizer's state is read as it stands (``state_dict()``, per parameter index): a parameter
+    that has had no update yet has no moments and saves none. (torch's ``get_optimizer_state_dict``
+    would first step an optimizer without state once with zero gradients, which moves AdamW's step
+    count and so changes that role's training.)"""
+    from solar.models.lora import role_name
 
-        options = StateDictOptions(full_state_dict=True, cpu_offload=True)
-        weights = get_model_state_dict(model, options=options)
-        optim = get_optimizer_state_dict(model, optimizer, options=options)
-        # With cpu_offload only rank 0 receives the full state; the others get an empty mapping.
-        per_param = {name: optim.get("state", {}).get(shared_name(name, role) if role else name, {})
-                     for name in names}
-        groups = optim.get("param_groups", [])
-    else:
-        weights = model.state_dict()
-        state = optimizer.state_dict()
-        per_param = {names[i]: entry for i, entry in state["state"].items()}
-        groups = state["param_groups"]
+    weights = model.state_dict()
+    state = optimizer.state_dict()
+    per_param = {names[i]: entry for i, entry in state["state"].items()}
+    groups = [{k: v for k, v in g.items() if k != "params"} for g in state["param_groups"]]
     if role:
         weights = {own: v for k, v in weights.items() if (own := role_name(k, role)) is not None}
     if adapter_only:
         weights = {k: v for k, v in weights.items() if ".lora_" in k}
+    if sharded:
+        return {"weights": weights, "ema": ema or None, "optimizer": (per_param, groups)}
+
     def copy(name: str, k: str, v):
         if not isinstance(v, torch.Tensor) or k == "step":
             return v
@@ -94,7 +88,14 @@ def snapshot(model: torch.nn.Module, optimizer: torch.optim.Optimizer, names: li
 
     return {"weights": full(weights, staging, f"{key}/live"), "ema": full(ema, staging, f"{key}/ema") if ema else None,
             "optimizer": ({name: {k: copy(name, k, v) for k, v in entry.items()} for name, entry in per_param.items()},
-                          [{k: v for k, v in g.items() if k != "params"} for g in groups])}
+                          groups)}
+
+
+def optimizer_document(snap: dict, names: list[str]) -> bytes:
+    """``<role>/optimizer.json``: the hyperparameters, each parameter's step count and the names."""
+    per_param, groups = snap["optimizer"]
+    steps = {name: float(entry["step"]) for name, entry in per_param.items() if "step" in entry}
+    return pretty_bytes({"param_groups": groups, "steps": steps, "names": names})
 
 
 def save_role(partial: Path, role: str, snap: dict, names: list[str]) -> list[str]:
@@ -104,43 +105,38 @@ def save_role(partial: Path, role: str, snap: dict, names: list[str]) -> list[st
     if snap["ema"]:
         members.append(f"{role}/ema.safetensors")
         write_tensors(partial / members[-1], snap["ema"])
-    per_param, groups = snap["optimizer"]
-    tensors, steps = {}, {}
-    for name, entry in per_param.items():
-        for key, value in entry.items():
-            if key == "step":
-                steps[name] = float(value)
-            elif isinstance(value, torch.Tensor):
-                tensors[f"{name}::{key}"] = value
     members += [f"{role}/optimizer.safetensors", f"{role}/optimizer.json"]
-    write_tensors(partial / members[-2], tensors)
-    write_bytes(partial / members[-1], pretty_bytes({"param_groups": groups, "steps": steps, "names": names}))
+    write_tensors(partial / members[-2], moments(snap))
+    write_bytes(partial / members[-1], optimizer_document(snap, names))
     return members
 
 
-def local_tensors(file: Path, params: dict[str, torch.nn.Parameter]) -> dict[str, torch.Tensor]:
-    """The members of a safetensors file named like ``params``, each laid out like its parameter (this
-    rank's rows of an FSDP2-sharded one): a rank reads only its own rows."""
-    from solar.launch.materialize import members as lazy_members
+def moments(snap: dict) -> dict[str, torch.Tensor]:
+    """The optimizer's tensors by ``<parameter>::<moment>`` (the step counts go to optimizer.json)."""
+    return {f"{name}::{k}": v for name, entry in snap["optimizer"][0].items() for k, v in entry.items()
+            if k != "step" and isinstance(v, torch.Tensor)}
 
-    members = lazy_members(file)
-    missing = [n for n in params if n not in members]
+
+def local_tensors(tensors: dict, params: dict[str, torch.nn.Parameter], where: str) -> dict[str, torch.Tensor]:
+    """The lazy ``tensors`` (``materialize.role_tensors``) named like ``params``, each laid out like its
+    parameter (this rank's rows of an FSDP2-sharded one): a rank reads only its own rows."""
+    missing = [n for n in params if n not in tensors]
     if missing:
-        raise CheckpointError(f"{file} lacks {len(missing)} parameters, e.g. {missing[:2]}")
-    return {n: members[n].read_like(p.detach().float()) for n, p in params.items()}
+        raise CheckpointError(f"{where} lacks {len(missing)} parameters, e.g. {missing[:2]}")
+    return {n: tensors[n].read_like(p.detach().float()) for n, p in params.items()}
 
 
 def load_optimizer(path: Path, role: str, optimizer: torch.optim.Optimizer, names: list[str],
                    params: dict[str, torch.nn.Parameter]) -> None:
     """Restore AdamW's state and hyperparameters; each moment laid out like its parameter (this rank's
-    rows when sharded), read by rows from the checkpoint."""
-    from solar.launch.materialize import members as lazy_members
+    rows when sharded), read by rows from the checkpoint, whole-file or sharded at any topology."""
+    from solar.launch.materialize import role_tensors
 
     meta = json.loads((path / role / "optimizer.json").read_text())
     if meta["names"] != names:
         raise CheckpointError(f"{path}: the optimizer was saved for different parameters")
     by_param: dict[str, dict] = {}
-    for key, lazy in lazy_members(path / role / "optimizer.safetensors").items():
+    for key, lazy in role_tensors(path, role, "optimizer").items():
         name, moment = key.split("::", 1)
         by_param.setdefault(name, {})[moment] = lazy
     for name in names:

@@ -5,7 +5,8 @@ training state and turns the JSON members (``trainer.json``, each rank's RNG and
 into bytes, so training may go on changing its state afterwards. With ``runtime.async_checkpoint``
 the tensors land in host buffers that are allocated once and reused by every later save (pinned when
 they come from the GPU, so the copy runs at bus speed), and *write* runs in a background thread.
-*write* puts rank 0's role members and each rank's own files into the partial directory; the
+*write* puts rank 0's role members and each rank's own files into the partial directory (under
+FSDP2, every rank's own shards of every role: ``checkpoint_shards``); the
 transaction's commit (``solar.storage.checkpoints.commit``) happens on the training thread, only
 after every rank's write finished. A crash or a failed write leaves a partial directory, never a
 checkpoint.
@@ -30,8 +31,9 @@ class Staging:
         self.cuda = False
 
     def copy(self, key: str, tensor: torch.Tensor) -> torch.Tensor:
+        """A host copy of ``tensor`` (a whole one: sharded saves pass each DTensor's local shard)."""
         t = tensor.detach()
-        if hasattr(t, "full_tensor"):  # DTensor (FSDP2): gathered first (a collective)
+        if hasattr(t, "full_tensor"):  # DTensor: only the whole-file path of an unsharded role gets here
             t = t.full_tensor()
         buf = self.buffers.get(key)
         if buf is None or buf.shape != t.shape or buf.dtype != t.dtype:
@@ -47,6 +49,18 @@ class Staging:
             torch.cuda.synchronize()
 
 
+class Fresh:
+    """``Staging``'s interface with new host copies each time (a sharded save written at once)."""
+
+    cuda = False
+
+    def copy(self, key: str, tensor: torch.Tensor) -> torch.Tensor:
+        return tensor.detach().to("cpu", copy=True).contiguous()
+
+    def ready(self) -> None:
+        pass
+
+
 @dataclass
 class RoleCapture:
     role: str
@@ -60,26 +74,53 @@ class Capture:
     """One rank's share of one checkpoint, detached from the training state."""
     step: int
     partial: Path
-    roles: list[RoleCapture]          # rank 0 only; empty on the other ranks
+    roles: list[RoleCapture]          # whole files: rank 0 only, empty on the other ranks; sharded: every rank
     trainer_state: dict               # the manifest's trainer_state
     files: dict[str, bytes] = field(default_factory=dict)  # relative path -> bytes (this rank's)
     inject: OSError | None = None     # a drill's storage fault (train/faults.py), raised after the first member
+    shards: dict | None = None        # sharded (FSDP2): this rank's host copies for checkpoint_shards.save
+    group: object = None              # the gloo group the sharded save's collectives run on
 
     def size(self) -> int:
         """The bytes this rank will write (every tensor and file; the headers are not counted)."""
+        from solar.train.checkpoint_shards import local_bytes
+
         def walk(value) -> int:
             if isinstance(value, torch.Tensor):
-                return value.numel() * value.element_size()
+                return local_bytes(value)
             if isinstance(value, dict):
                 return sum(walk(v) for v in value.values())
             if isinstance(value, (list, tuple)):
                 return sum(walk(v) for v in value)
             return 0
+        if self.shards is not None:
+            return walk(self.shards) + sum(len(data) for data in self.files.values())
         return sum(walk(rc.snap) for rc in self.roles) + sum(len(data) for data in self.files.values())
 
 
+def sharded(step: int, partial: Path, roles: list[RoleCapture], trainer_state: dict, files: dict[str, bytes],
+            staging, dist) -> Capture:
+    """A sharded save's capture (every rank; ``roles`` from ``checkpoint_io.snapshot(sharded=True)``):
+    this rank's shards copied to the host (into ``staging``'s reused buffers for a background write),
+    and on rank 0 the JSON members (``shards.json``, each role's ``optimizer.json``) beside ``files``."""
+    from solar.train import checkpoint_shards as shards
+
+    state = {}
+    for rc in roles:
+        state.update(shards.role_state(rc.role, rc.snap))
+    staged = shards.stage(state, staging if staging is not None else Fresh())
+    if dist.rank == 0:
+        files = {**files, shards.LAYOUT_FILE: shards.layout_document(state, dist.world),
+                 **{f"{rc.role}/optimizer.json": io.optimizer_document(rc.snap, rc.names) for rc in roles}}
+    light = [RoleCapture(rc.role, {}, rc.names, rc.weights) for rc in roles]
+    return Capture(step, partial, light, trainer_state, files, shards=staged, group=dist.checkpoint_group())
+
+
 def write(capture: Capture) -> dict[str, dict]:
-    """Write this rank's members into the partial directory; the manifest's ``roles``."""
+    """Write this rank's members into the partial directory; the manifest's ``roles`` (rank 0's;
+    a sharded save's shard files join each role's members at the commit)."""
+    if capture.shards is not None:
+        return _write_sharded(capture)
     roles = {}
     for rc in capture.roles:
         roles[rc.role] = {"weights": rc.weights,
@@ -90,6 +131,20 @@ def write(capture: Capture) -> dict[str, dict]:
         io.write_bytes(capture.partial / rel, data)
         if capture.inject is not None:
             raise capture.inject
+    return roles
+
+
+def _write_sharded(capture: Capture) -> dict[str, dict]:
+    from solar.train import checkpoint_shards as shards
+
+    shards.save(capture.shards, capture.partial, capture.group)
+    if capture.inject is not None:
+        raise capture.inject
+    roles = {}
+    for rel, data in capture.files.items():   # rank 0: shards.json, each role's optimizer.json, trainer.json
+        io.write_bytes(capture.partial / rel, data)
+    for rc in capture.roles:
+        roles[rc.role] = {"weights": rc.weights, "layout": "sharded", "members": [f"{rc.role}/optimizer.json"]}
     return roles
 
 

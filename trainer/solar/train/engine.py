@@ -384,14 +384,19 @@ class Loop:
         d, p = self.dist, self.parts
         shadow, meta = p.ema.state()
         roles, files = [], {}
-        if p.sharded or d.rank == 0:  # a collective with FSDP2: every rank takes part
-            snap = io.snapshot(p.model, p.optimizer, p.names, sharded=p.sharded, adapter_only=p.adapter_only,
-                               ema=shadow, staging=staging, key="model")
-            if d.rank == 0:
-                roles = [cs.RoleCapture("model", snap, p.names, ["live", "ema"] if p.ema.exists else ["live"])]
-                files = io.trainer_file({"step": step, "ema": meta})
         trainer_state = {"step": step, "adapter_only": p.adapter_only,
                          "base": self.resolved.config.model.pretrained_path, "ema_exists": p.ema.exists}
+        weights = ["live", "ema"] if p.ema.exists else ["live"]
+        if p.sharded:  # every rank writes its own shards (checkpoint_shards)
+            snap = io.snapshot(p.model, p.optimizer, p.names, sharded=True, adapter_only=p.adapter_only, ema=shadow)
+            files = io.trainer_file({"step": step, "ema": meta}) if d.rank == 0 else {}
+            return cs.sharded(step, partial, [cs.RoleCapture("model", snap, p.names, weights)], trainer_state,
+                              files, staging, d)
+        if d.rank == 0:
+            snap = io.snapshot(p.model, p.optimizer, p.names, sharded=False, adapter_only=p.adapter_only,
+                               ema=shadow, staging=staging, key="model")
+            roles = [cs.RoleCapture("model", snap, p.names, weights)]
+            files = io.trainer_file({"step": step, "ema": meta})
         return cs.Capture(step, partial, roles, trainer_state, files)
 
     def due(self, step: int) -> bool:

@@ -21,7 +21,7 @@ from solar.config.contracts import checkpoint_contract, source_problem
 from solar.config.resolve import Resolved
 from solar.data.from_config import train_stream
 from solar.data.prefetch import Prefetched
-from solar.launch.materialize import checkpoint, materialize, module_tensors, released
+from solar.launch.materialize import checkpoint, materialize, module_tensors, released, role_tensors
 from solar.launch.weights import require_base
 from solar.models.lora import LoRALinear
 from solar.models.registry import model_from_config
@@ -130,7 +130,7 @@ def build_parts(resolved: Resolved, rank: int, device: torch.device, *, world: i
 
         trainer = json.loads((path / "trainer.json").read_text())
         if trainer["ema"].get("exists"):
-            ema.load(io.local_tensors(path / "model" / "ema.safetensors", params), trainer["ema"])
+            ema.load(io.local_tensors(role_tensors(path, "model", "ema"), params, f"{path} EMA"), trainer["ema"])
         start_step = trainer["step"]
         data_state = io.load_rank_state(path, rank)
     if start_step > cfg.train.max_steps:  # == max_steps: the loop only finishes that step's validation

@@ -37,7 +37,8 @@ from solar.config.contracts import checkpoint_contract
 from solar.launch import precision
 from solar.launch.batch import Batch, collate, host_noise, to_device
 from solar.launch.distributed import CollectiveFailure
-from solar.launch.materialize import Lazy, checkpoint, local_part, materialize, module_tensors, released
+from solar.launch.materialize import (Lazy, checkpoint, local_part, materialize, module_tensors, released,
+                                     role_tensors)
 from solar.models.lora import active, adapters_of, role_name, shared_name
 from solar.models.registry import model_from_config
 from solar.models.weights import WeightsError
@@ -270,7 +271,8 @@ def build_stage2(resolved, rank: int, device: torch.device, *, world: int = 1, l
         io.load_optimizer(path, "student", student.optimizer, student.names, student.params)
         io.load_optimizer(path, "critic", critic.optimizer, critic.names, critic.params)
         if trainer["ema"].get("exists"):
-            ema.load(io.local_tensors(path / "student" / "ema.safetensors", student.params), trainer["ema"])
+            ema.load(io.local_tensors(role_tensors(path, "student", "ema"), student.params, f"{path} student EMA"),
+                     trainer["ema"])
         start_step, student_step = trainer["step"], trainer["student_step"]
         if student_step != dmd.student_step_after(start_step, cfg.train.sgf.critic_updates_per_student):
             raise CheckpointError(f"checkpoint.path {path}: student step {student_step} does not follow outer step "
@@ -621,24 +623,27 @@ class Stage2:
 
     # --- checkpoints -------------------------------------------------------------------------
     def capture(self, loop, partial: Path, step: int, staging):
-        """Both trained roles' state for a checkpoint (``checkpoint_save.Capture``; rank 0 writes)."""
+        """Both trained roles' state for a checkpoint (``checkpoint_save.Capture``; rank 0 writes whole
+        files, or under FSDP2 every rank its own shards)."""
         from solar.train import checkpoint_save as cs
 
         d, p = loop.dist, loop.parts
         roles, files = [], {}
-        if p.sharded or d.rank == 0:  # gathered on rank 0: a collective with FSDP2, every rank takes part
+        trainer_state = {"step": step, "student_step": self.student_step, "adapter_only": p.adapter_only,
+                         "base": self.resolved.config.model.pretrained_path, "ema_exists": p.ema.exists,
+                         "teacher": self.teacher_source}
+        if p.sharded or d.rank == 0:
             shadow, meta = p.ema.state()
             student = io.snapshot(p.model, p.optimizer, p.names, sharded=p.sharded, adapter_only=p.adapter_only,
                                   ema=shadow, staging=staging, key="student", role=self.student_adapter)
             critic = io.snapshot(self.critic.model, self.critic.optimizer, self.critic.names, sharded=p.sharded,
                                  adapter_only=p.adapter_only, ema=None, staging=staging, key="critic",
                                  role=self.critic.adapter)
+            roles = [cs.RoleCapture("student", student, p.names, ["live", "ema"] if p.ema.exists else ["live"]),
+                     cs.RoleCapture("critic", critic, self.critic.names, ["live"])]
             if d.rank == 0:
-                roles = [cs.RoleCapture("student", student, p.names, ["live", "ema"] if p.ema.exists else ["live"]),
-                         cs.RoleCapture("critic", critic, self.critic.names, ["live"])]
                 files = io.trainer_file({"step": step, "student_step": self.student_step, "ema": meta,
                                          "teacher": self.teacher_source})
-        trainer_state = {"step": step, "student_step": self.student_step, "adapter_only": p.adapter_only,
-                         "base": self.resolved.config.model.pretrained_path, "ema_exists": p.ema.exists,
-                         "teacher": self.teacher_source}
+        if p.sharded:  # every rank writes its own shards of both roles (checkpoint_shards)
+            return cs.sharded(step, partial, roles, trainer_state, files, staging, d)
         return cs.Capture(step, partial, roles, trainer_state, files)

@@ -1,0 +1,141 @@
+"""Sharded checkpoints (issue 38) under torchrun over gloo: a world-4 FSDP2 save is every rank's own
+shards through torch.distributed.checkpoint; it verifies only whole; it initialises runs at world 2
+sharded and world 1 unsharded with the saved weights bit for bit, generates with `solar infer`,
+resumes at another sharding, and exports to the whole files an unsharded save writes."""
+
+from __future__ import annotations
+
+import json
+import shutil
+
+import pytest
+import torch
+from safetensors.torch import load_file
+
+from tests.e2e.helpers import TINY, infer, result, steps, train
+
+pytestmark = pytest.mark.slow
+
+CONFIG = TINY["wan22_ti2v_5b"]
+INFER = CONFIG.parent / "infer_stage0p5_fm_81f.yaml"
+
+
+def _sets(data, out, world, *extra, sharding="full_shard"):
+    return [f"data.root={data}", f"runtime.output_dir={out}", "runtime.log_every=100",
+            f"distributed.world_size={world}", f"distributed.sharding={sharding}", "train.global_batch_size=4",
+            f"train.gradient_accumulation={4 // world}", "runtime.validate_every=0", "runtime.validation_steps=[]",
+            *extra]
+
+
+@pytest.fixture(scope="module")
+def sharded(wan_data, tmp_path_factory):
+    """Tiny Wan Stage0.5 at world 4, full_shard: checkpoints at steps 2 and 3 (3 steps), then stopped."""
+    run = tmp_path_factory.mktemp("sharded") / "run"
+    proc = train(CONFIG, _sets(wan_data, run, 4, "train.max_steps=4", "runtime.save_every=0",
+                               "runtime.save_steps=[2]", "runtime.exit_after_step=3"), nproc=4, timeout=600)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    return run
+
+
+def _whole(path):
+    return {k: load_file(path / "model" / f"{k}.safetensors") for k in ("live", "ema")}
+
+
+def test_every_rank_writes_its_own_shards_and_verify_needs_them_all(sharded, cli, tmp_path):
+    ckpt = sharded / "checkpoints" / "step_00000002"
+    report = json.loads(cli("checkpoint", "verify", str(ckpt)).out)
+    assert report["valid"], report["problems"]
+    role = report["roles"]["model"]
+    assert role["layout"] == "sharded" and role["weights"] == ["live", "ema"]
+    shard_files = sorted(p for p in (ckpt / "shards").iterdir())
+    assert len(shard_files) == 4 and [m for m in role["members"] if m.startswith("shards/")] == \
+        [f"shards/{p.name}" for p in shard_files]
+    assert not (ckpt / "model" / "live.safetensors").exists()
+    sizes = [p.stat().st_size for p in shard_files]
+    assert max(sizes) < 0.5 * sum(sizes)   # each rank wrote about a quarter, nobody the whole state
+    # a rank's part gone: the checkpoint no longer verifies, and the loaders never see it as one
+    copy = tmp_path / "checkpoints" / "step_00000002"
+    shutil.copytree(ckpt, copy)
+    (copy / "shards" / shard_files[1].name).unlink()
+    broken = cli("checkpoint", "verify", str(copy))
+    assert broken.code == 2 and f"member shards/{shard_files[1].name} is missing" in broken.out
+
+
+def test_shard_coverage_is_checked_row_by_row(sharded):
+    from solar.storage.checkpoints import _shard_problems
+
+    ckpt = sharded / "checkpoints" / "step_00000002"
+    files = sorted(f"shards/{p.name}" for p in (ckpt / "shards").iterdir())
+    assert _shard_problems(ckpt, files) == []
+    problems = _shard_problems(ckpt, files[:3])
+    assert problems and all("of" in p and "rows" in p for p in problems)
+    assert any("model/live/" in p for p in problems) and any("model/optimizer/" in p for p in problems)
+
+
+def test_weights_load_at_world_2_sharded_and_world_1_unsharded_bit_for_bit(sharded, wan_data, tmp_path, cli):
+    """A step at learning rate 0 changes no weight, so each run's own save holds what it loaded."""
+    source = sharded / "checkpoints" / "step_00000002"
+    exported = tmp_path / "export"
+    done = cli("checkpoint", "export", str(source), "--out", str(exported))
+    assert done.code == 0, done.err
+    saved = _whole(exported)
+    init = ["checkpoint.mode=weights_only", f"checkpoint.path={source}", "checkpoint.weights=live",
+            "train.optimizer.lr=0", "train.optimizer.weight_decay=0", "train.max_steps=1", "runtime.save_every=1"]
+    for world, sharding in ((2, "full_shard"), (1, "none")):
+        out = tmp_path / f"w{world}"
+        proc = train(CONFIG, _sets(wan_data, out, world, *init, sharding=sharding), nproc=world, timeout=600)
+        assert proc.returncode == 0, proc.stderr[-3000:]
+        ckpt = out / "checkpoints" / "step_00000001"
+        if sharding == "none":
+            assert (ckpt / "model" / "live.safetensors").is_file()   # unsharded: today's whole files
+            live = load_file(ckpt / "model" / "live.safetensors")
+        else:
+            again = tmp_path / f"export-w{world}"
+            assert cli("checkpoint", "export", str(ckpt), "--out", str(again)).code == 0
+            live = _whole(again)["live"]
+        assert live.keys() == saved["live"].keys()
+        assert all(torch.equal(live[k], saved["live"][k]) for k in live)
+        if sharding == "none":
+            # the export writes exactly what an unsharded save writes for the same weights
+            assert (ckpt / "model" / "live.safetensors").read_bytes() == \
+                (exported / "model" / "live.safetensors").read_bytes()
+
+
+def test_solar_infer_generates_from_a_sharded_checkpoint_as_from_its_export(sharded, wan_data, tmp_path, cli):
+    from solar.generation.video import read_frames
+
+    source = sharded / "checkpoints" / "step_00000002"
+    exported = tmp_path / "export"
+    assert cli("checkpoint", "export", str(source), "--out", str(exported)).code == 0
+    assert json.loads((exported / "release-manifest.json").read_text())["load"]["default_weights"] == "ema"
+    frames = []
+    for name, path in (("sharded", source), ("export", exported)):
+        out = tmp_path / name
+        proc = infer(INFER, [f"data.root={wan_data}", f"checkpoint.path={path}", "checkpoint.weights=ema",
+                             f"runtime.output_dir={out}", "validation.sample_count=1", "validation.decode_latents=1"])
+        assert proc.returncode == 0, proc.stderr[-3000:]
+        [slot] = sorted((out / "generation").glob("*/slot_000000"))
+        frames.append(read_frames(slot / "generated.mp4"))
+    assert torch.equal(frames[0], frames[1])
+
+
+def test_a_sharded_checkpoint_resumes_at_another_sharding(sharded, wan_data, tmp_path):
+    """The world-4 run stopped after step 3; it goes on to step 4 unsharded and sharded from step 2."""
+    reference = tmp_path / "reference"
+    proc = train(CONFIG, _sets(wan_data, reference, 4, "train.max_steps=4", "runtime.save_every=0"), nproc=4,
+                 timeout=600)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    want = {e["step"]: e for e in steps(reference)}
+    for sharding in ("none", "full_shard"):
+        run = tmp_path / sharding
+        shutil.copytree(sharded, run)
+        proc = train(CONFIG, _sets(wan_data, run, 4, "train.max_steps=4", "runtime.save_every=0",
+                                   "checkpoint.mode=full_resume",
+                                   f"checkpoint.path={run / 'checkpoints' / 'step_00000002'}", sharding=sharding),
+                     nproc=4, timeout=600)
+        assert proc.returncode == 0, proc.stderr[-3000:]
+        got = {e["step"]: e for e in steps(run)}
+        for step in (3, 4):
+            for key in ("loss", "grad_norm"):
+                assert got[step][key] == pytest.approx(want[step][key], rel=1e-5), (sharding, step, key)
+        assert result(run)["status"] == "succeeded"

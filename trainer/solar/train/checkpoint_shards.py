@@ -1,0 +1,86 @@
+"""Sharded checkpoint saves: under FSDP2 every rank writes its own shards, through
+``torch.distributed.checkpoint`` (DCP) in its safetensors format.
+
+Layout inside ``step_NNNNNNNN/`` beside today's whole files (``checkpoint_io``)::
+
+    shards/shard-NNNNN-model-00001-of-00001.safetensors   one per rank that holds data (DCP's names)
+    shards.json                                            every tensor's dtype and full shape
+    <role>/optimizer.json                                  hyperparameters, step counts, names
+    trainer.json, rng/, data/                              as in a whole-file checkpoint
+
+Tensors are named ``<role>/live/<param>``, ``<role>/ema/<param>`` and
+``<role>/optimizer/<param>::<moment>``; each shard file's ``DCP_SHARDING_INFO`` metadata gives every
+piece's offsets, so any number of ranks at any sharding reads back just its rows
+(``launch.materialize.role_tensors``). DCP's planner writes a tensor replicated over ranks (a
+``hybrid_shard`` replica, a buffer) once. The capture copies this rank's shards only into host
+buffers (``Staging.local``) and wraps them as DTensors again, so DCP plans the save from their
+placements and the write never touches the GPU or gathers a whole tensor. The save's collectives
+run on a gloo group of their own (``Dist.checkpoint_group``), so a background write
+(``runtime.async_checkpoint``) never races the training thread's collectives.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import torch
+
+from solar.config.canonical import pretty_bytes
+
+SHARDS_DIR = "shards"
+LAYOUT_FILE = "shards.json"
+LAYOUT_SCHEMA = "solar.checkpoint-shards.v1"
+
+
+def role_state(role: str, snap: dict) -> dict[str, torch.Tensor]:
+    """One role's tensors under their checkpoint names (``checkpoint_io.snapshot``'s sharded result)."""
+    from solar.train.checkpoint_io import moments
+
+    out = {f"{role}/live/{k}": v for k, v in snap["weights"].items()}
+    if snap["ema"]:
+        out.update({f"{role}/ema/{k}": v for k, v in snap["ema"].items()})
+    out.update({f"{role}/optimizer/{k}": v for k, v in moments(snap).items()})
+    return out
+
+
+def stage(state: dict[str, torch.Tensor], staging) -> dict[str, torch.Tensor]:
+    """Host copies of this rank's shards (``staging``: a ``checkpoint_save.Staging``), each a DTensor
+    again with its tensor's placements, so training may change the originals from here on."""
+    from torch.distributed.tensor import DTensor
+
+    out = {}
+    for key, t in state.items():
+        t = t.detach()
+        if isinstance(t, DTensor):
+            local = staging.copy(key, t.to_local())
+            out[key] = DTensor.from_local(local, t.device_mesh, t.placements, run_check=False,
+                                          shape=t.shape, stride=t.stride())
+        else:
+            out[key] = staging.copy(key, t)
+    return out
+
+
+def layout_document(state: dict[str, torch.Tensor], world: int) -> bytes:
+    """``shards.json``: what the shard files must add up to (``storage.checkpoints.verify`` checks it)."""
+    from solar.safetensors_io import _DTYPES
+
+    tensors = {k: {"dtype": _DTYPES[v.dtype], "shape": list(v.shape)} for k, v in sorted(state.items())}
+    return pretty_bytes({"schema": LAYOUT_SCHEMA, "format": "dcp-safetensors", "world": world,
+                         "tensors": tensors})
+
+
+def save(state: dict[str, torch.Tensor], partial: Path, group) -> None:
+    """Every rank writes its shards of ``state`` into ``partial/shards`` (a collective over ``group``)."""
+    import torch.distributed.checkpoint as dcp
+    from torch.distributed.checkpoint import HuggingFaceStorageWriter
+
+    directory = partial / SHARDS_DIR
+    directory.mkdir(parents=True, exist_ok=True)
+    dcp.save(state, storage_writer=HuggingFaceStorageWriter(str(directory), save_distributed=True),
+             process_group=group)
+
+
+def local_bytes(t: torch.Tensor) -> int:
+    """The bytes of this rank's part of ``t`` (its shard of a DTensor)."""
+    local = t.to_local() if hasattr(t, "to_local") else t
+    return local.numel() * local.element_size()
