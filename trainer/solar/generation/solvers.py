@@ -46,6 +46,9 @@ class UniPC:
     scheduler: object = field(init=False)
 
     def __post_init__(self) -> None:
+        from solar.models import diffusers_lib
+
+        diffusers_lib.prepare()
         from diffusers import UniPCMultistepScheduler
 
         self.scheduler = UniPCMultistepScheduler(num_train_timesteps=1000, prediction_type="flow_prediction",

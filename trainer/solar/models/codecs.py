@@ -71,6 +71,9 @@ def build_codec(family: str, *, path: str | Path | None = None, profile: str = "
     if family in ("wan22_ti2v_5b", "wan22_i2v_a14b"):
         name = families.spec(family).vae.name
         return Codec(family, wan_vae.build_vae(name, path=path, profile=profile, seed=seed))
+    from solar.models import diffusers_lib
+
+    diffusers_lib.prepare()
     from diffusers import AutoencoderKLLTX2Video, AutoencoderKLMiniMaxH3
 
     cls = AutoencoderKLLTX2Video if family == "ltx25_video" else AutoencoderKLMiniMaxH3

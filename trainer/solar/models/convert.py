@@ -54,6 +54,9 @@ class _MemorySource(TensorSource):
 
 
 def _official_ltx(source: TensorSource) -> TensorSource:
+    from solar.models import diffusers_lib
+
+    diffusers_lib.prepare()
     from diffusers.loaders.single_file_utils import convert_ltx2_transformer_to_diffusers
 
     # The released single file also holds the video/audio VAEs, the vocoder and the text projection
@@ -65,6 +68,9 @@ def _official_ltx(source: TensorSource) -> TensorSource:
 
 
 def _official_h3(source: TensorSource, dims: Dims) -> TensorSource:
+    from solar.models import diffusers_lib
+
+    diffusers_lib.prepare()
     from diffusers.loaders.single_file_utils import convert_minimax_h3_transformer_checkpoint_to_diffusers
 
     config = {"num_attention_heads": dims.num_heads, "attention_head_dim": dims.head_dim}

@@ -34,6 +34,9 @@ TINY = {
 
 def build_vae(name: str, *, path: str | Path | None = None, profile: str = "tiny", seed: int = 0):
     """The codec: from ``path`` (a diffusers ``vae/`` folder) or randomly initialised from ``seed``."""
+    from solar.models import diffusers_lib
+
+    diffusers_lib.prepare()
     from diffusers import AutoencoderKLWan
 
     if path is not None:
@@ -55,6 +58,9 @@ def denormalize(vae, latents: torch.Tensor) -> torch.Tensor:
 @torch.no_grad()
 def decode_stream(vae, latents: torch.Tensor, tile: int = TILE_LATENTS) -> Iterator[torch.Tensor]:
     """Yield decoded pixel frames [B, 3, f, H, W] in [-1, 1], one tile of latents at a time."""
+    from solar.models import diffusers_lib
+
+    diffusers_lib.prepare()
     from diffusers.models.autoencoders.autoencoder_kl_wan import unpatchify
 
     z = denormalize(vae, latents.to(next(vae.parameters()).dtype))
