@@ -153,7 +153,7 @@ def test_the_text_adds_the_host_lines_after_the_gpu_ones(cli):
     out = cli("config", "memory", "--config", str(path), "--gpu-memory-gib", "80").out
     lines = out.strip().splitlines()
     assert lines[1].startswith("role ") and lines[2].startswith("model ") and lines[3].startswith("peak ")
-    assert lines[4].startswith("faster, still fits: ")
+    assert lines[4].startswith("activation_checkpointing_skip_blocks auto: 30 blocks keep their activations")
     host = _host(path, per_node=8)
     rank0 = host.whole_file["rank0"]
     g = lambda n: f"{n / GIB:.1f}"  # noqa: E731

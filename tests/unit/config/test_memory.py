@@ -16,6 +16,9 @@ RELEASED = sorted(p for p in CONFIGS.glob("*/train_*.yaml"))
 GIB = memory.GIB
 
 
+SKIP = "distributed.activation_checkpointing_skip_blocks"   # the released configs ship `auto`
+
+
 def _forecast(path, sets=(), gib=141.0, per_node=8):
     resolved = resolve_file(path, list(sets), expected_action="train", placeholders=False)
     return memory.forecast(resolved, gpu_memory_bytes=int(gib * GIB), gpus_per_node=per_node)
@@ -56,7 +59,7 @@ def test_bad_flags_are_one_line_errors(cli):
 
 def test_sharding_divides_the_states_and_sp_the_tokens():
     path = CONFIGS / "wan22_ti2v_5b" / "train_stage0p5_fm_81f.yaml"
-    base = ["distributed.world_size=16", "train.global_batch_size=16"]
+    base = ["distributed.world_size=16", "train.global_batch_size=16", f"{SKIP}=0"]
     one = _forecast(path, base + ["distributed.sharding=none"])
     full = _forecast(path, base + ["distributed.sharding=full_shard"])
     hybrid = _forecast(path, base + ["distributed.sharding=hybrid_shard"], per_node=8)
@@ -65,8 +68,10 @@ def test_sharding_divides_the_states_and_sp_the_tokens():
         assert full.roles["model"][kind] == pytest.approx(one.roles["model"][kind] / 16, rel=1e-6)
         assert hybrid.roles["model"][kind] == pytest.approx(one.roles["model"][kind] / 8, rel=1e-6)
     a14b = CONFIGS / "wan22_i2v_a14b" / "train_stage0p5_fm_81f.yaml"
-    sp1 = _forecast(a14b, ["distributed.world_size=16", "distributed.sequence_parallel_size=1", "train.global_batch_size=16"])
-    sp2 = _forecast(a14b, ["distributed.world_size=16", "distributed.sequence_parallel_size=2", "train.global_batch_size=8"])
+    sp1 = _forecast(a14b, ["distributed.world_size=16", "distributed.sequence_parallel_size=1", "train.global_batch_size=16",
+                           f"{SKIP}=0"])
+    sp2 = _forecast(a14b, ["distributed.world_size=16", "distributed.sequence_parallel_size=2", "train.global_batch_size=8",
+                           f"{SKIP}=0"])
     assert sp2.tokens_per_gpu["model"] * 2 == sp1.tokens_per_gpu["model"]
     assert sp2.roles["model"]["activations"] * 2 == pytest.approx(sp1.roles["model"]["activations"], rel=1e-3)
 
@@ -74,8 +79,8 @@ def test_sharding_divides_the_states_and_sp_the_tokens():
 def test_checkpointing_policies_order_the_activations():
     path = CONFIGS / "wan22_ti2v_5b" / "train_stage0p5_fm_81f.yaml"
     act = {name: _forecast(path, sets).roles["model"]["activations"] for name, sets in (
-        ("full", ["distributed.activation_checkpointing_policy=full"]),
-        ("save_attention", ["distributed.activation_checkpointing_policy=save_attention"]),
+        ("full", ["distributed.activation_checkpointing_policy=full", f"{SKIP}=0"]),
+        ("save_attention", ["distributed.activation_checkpointing_policy=save_attention", f"{SKIP}=0"]),
         ("skip10", ["distributed.activation_checkpointing_skip_blocks=10"]),
         ("none", ["distributed.activation_checkpointing=false"]))}
     assert act["full"] < act["save_attention"] < act["skip10"] < act["none"]
@@ -148,12 +153,13 @@ def test_a_config_that_fits_with_room_says_how_many_fewer_blocks_it_could_recomp
     with the forecast still under the GPU; one more would not fit. Stage0.5 81f at its topology keeps
     them all (checkpointing off); Stage1 (twice the tokens) part of them."""
     s05 = CONFIGS / "wan22_ti2v_5b" / "train_stage0p5_fm_81f.yaml"
-    result = cli("config", "memory", "--config", str(s05), "--gpu-memory-gib", "80")
+    result = cli("config", "memory", "--config", str(s05), "--gpu-memory-gib", "80", "--set", f"{SKIP}=0")
     assert result.code == 0 and "faster, still fits: distributed.activation_checkpointing=false" in result.out
     assert _forecast(s05, ["distributed.activation_checkpointing=false"], gib=80).fits
 
     s1 = CONFIGS / "wan22_ti2v_5b" / "train_stage1_tf_anyflow_81f.yaml"
-    doc = json.loads(cli("config", "memory", "--config", str(s1), "--gpu-memory-gib", "80", "--json").out)
+    doc = json.loads(cli("config", "memory", "--config", str(s1), "--gpu-memory-gib", "80", "--json",
+                         "--set", f"{SKIP}=6").out)
     skip = int(doc["faster"].split("skip_blocks=")[1].split()[0])
     assert 6 < skip < 30   # the config already keeps 6
     key = "distributed.activation_checkpointing_skip_blocks"
@@ -164,9 +170,78 @@ def test_a_config_that_fits_with_room_says_how_many_fewer_blocks_it_could_recomp
 def test_no_faster_hint_without_recomputation_or_room():
     s05 = CONFIGS / "wan22_ti2v_5b" / "train_stage0p5_fm_81f.yaml"
     assert _forecast(s05, ["distributed.activation_checkpointing=false"], gib=80).faster is None
-    tight = _forecast(s05, ["distributed.world_size=1", "distributed.sharding=none", "train.global_batch_size=1"],
-                      gib=141)
+    tight = _forecast(s05, ["distributed.world_size=1", "distributed.sharding=none", "train.global_batch_size=1",
+                            f"{SKIP}=0"], gib=141)
     assert tight.fits and tight.faster is not None   # unsharded on 141 GiB: some blocks, not all
     assert "activation_checkpointing=false" not in tight.faster
     h3 = CONFIGS / "minimax_h3" / "train_stage2_sgf_158f.yaml"
-    assert _forecast(h3, gib=80).faster is None   # does not fit at all: to fit, not faster
+    assert _forecast(h3, [f"{SKIP}=0"], gib=80).faster is None   # does not fit at all: to fit, not faster
+
+
+# --- distributed.activation_checkpointing_skip_blocks: auto (issue 40 item 2) ---------------------
+
+@pytest.mark.parametrize("config, gib", [("wan22_ti2v_5b/train_stage1_tf_anyflow_81f.yaml", 80),
+                                         ("wan22_ti2v_5b/train_stage2_sgf_81f.yaml", 80),
+                                         ("wan22_ti2v_5b/train_stage1_tf_anyflow_81f.yaml", 141),
+                                         ("wan22_i2v_a14b/train_stage0p5_fm_81f.yaml", 80)])
+def test_auto_keeps_the_most_blocks_that_fit_with_the_margin(config, gib):
+    """The choice fits with AUTO_MARGIN of the GPU left beyond the usable limit; one more kept block
+    would not; the forecast of the `auto` config is the forecast of its choice."""
+    from solar.config.memory import AUTO_MARGIN, auto_kept_blocks
+
+    path = CONFIGS / config
+    resolved = resolve_file(path, [], expected_action="train", placeholders=False)
+    gpu = int(gib * GIB)
+    skip, fc = auto_kept_blocks(resolved, gpu_memory_bytes=gpu, gpus_per_node=8)
+    layers = 30 if "5b" in config else 40
+    assert 0 <= skip <= layers
+    margin = AUTO_MARGIN * gpu
+    assert fc.peak_bytes + margin <= fc.usable_bytes
+    if skip < layers:
+        more = _forecast(path, [f"{SKIP}={skip + 1}"], gib=gib)
+        assert more.peak_bytes + margin > more.usable_bytes
+    assert fc.peak_bytes == _forecast(path, [f"{SKIP}={skip}"] if skip < layers else
+                                      ["distributed.activation_checkpointing=false"], gib=gib).peak_bytes
+    shipped = _forecast(path, gib=gib)
+    assert shipped.auto == skip and shipped.peak_bytes == fc.peak_bytes and shipped.fits
+
+
+def test_auto_chooses_more_with_more_memory_and_fewer_with_fewer_gpus():
+    from solar.config.memory import auto_kept_blocks
+
+    path = CONFIGS / "wan22_ti2v_5b" / "train_stage1_tf_anyflow_81f.yaml"
+    resolved = resolve_file(path, [], expected_action="train", placeholders=False)
+    h100 = auto_kept_blocks(resolved, gpu_memory_bytes=80 * GIB, gpus_per_node=8)[0]
+    h200 = auto_kept_blocks(resolved, gpu_memory_bytes=141 * GIB, gpus_per_node=8)[0]
+    four = auto_kept_blocks(resolve_file(path, ["distributed.world_size=4", "train.global_batch_size=4",
+                                                "distributed.sharding=full_shard"], expected_action="train",
+                                         placeholders=False), gpu_memory_bytes=80 * GIB, gpus_per_node=4)[0]
+    assert four < h100 < h200
+
+
+def test_auto_refuses_what_cannot_fit_even_recomputing_every_block(cli):
+    """Stage1 TF-AnyFlow unsharded on one 80 GB GPU: the forecast is over the GPU at every choice, so
+    `auto` names the need and the fixes in one line, and `solar config memory` says it does not fit."""
+    from solar.config.memory import auto_kept_blocks
+    from solar.errors import ConfigError
+
+    path = CONFIGS / "wan22_ti2v_5b" / "train_stage1_tf_anyflow_81f.yaml"
+    one = ["distributed.world_size=1", "distributed.sharding=none", "train.global_batch_size=1"]
+    resolved = resolve_file(path, one, expected_action="train", placeholders=False)
+    with pytest.raises(ConfigError) as refused:
+        auto_kept_blocks(resolved, gpu_memory_bytes=80 * GIB, gpus_per_node=1)
+    message = str(refused.value)
+    assert "\n" not in message and "skip_blocks=auto" in message and "GiB per GPU" in message and "try " in message
+    result = cli("config", "memory", "--config", str(path), "--gpu-memory-gib", "80", "--gpus-per-node", "1",
+                 *[a for s in one for a in ("--set", s)])
+    assert result.code == 0 and "does NOT fit" in result.out and "auto: 0 blocks" in result.out
+
+
+def test_the_schema_takes_auto_or_a_count_only():
+    path = CONFIGS / "wan22_ti2v_5b" / "train_stage1_tf_anyflow_81f.yaml"
+    from solar.errors import ConfigError
+
+    assert resolve_file(path, [], expected_action="train", placeholders=False).config.distributed \
+        .activation_checkpointing_skip_blocks == "auto"
+    with pytest.raises(ConfigError, match="activation_checkpointing_skip_blocks"):
+        resolve_file(path, [f"{SKIP}=most"], expected_action="train", placeholders=False)

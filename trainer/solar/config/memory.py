@@ -57,6 +57,9 @@ from solar.errors import ConfigError
 
 GIB = 1 << 30
 RESERVE_FRACTION, RESERVE_MIN = 0.05, 3 * GIB
+# What ``activation_checkpointing_skip_blocks: auto`` leaves free beyond the usable limit: the forecast's
+# error against measured peaks (bench/RESULTS.md: within a few percent at the released widths).
+AUTO_MARGIN = 0.05
 HOST_BASELINE = 6 * GIB          # one rank's process on a GPU: Python, torch, the CUDA runtime (assumed, not measured)
 HOST_BASELINE_CPU = 2 * GIB      # the same on runtime.device cpu (no CUDA runtime)
 CLIP_COPIES = 3                  # the clip read ahead, the batch in use, its pinned copy on the way to the GPU
@@ -89,13 +92,15 @@ class Forecast:
     usable_bytes: int
     suggestions: list[str] = field(default_factory=list)
     faster: str | None = None   # a config that fits: fewer blocks recomputed that still fit, if any
+    auto: int | None = None     # activation_checkpointing_skip_blocks: auto -> the blocks it keeps
     host: HostForecast | None = None   # host memory per rank (forecast() always sets it)
 
     def as_dict(self) -> dict:
         return {"gpu_memory_bytes": self.gpu_memory_bytes, "peak_bytes": self.peak_bytes, "fits": self.fits,
                 "usable_bytes": self.usable_bytes, "shard_degree": self.shard_degree,
                 "tokens_per_gpu": self.tokens_per_gpu, "roles": self.roles, "suggestions": self.suggestions,
-                "faster": self.faster, "host": self.host.as_dict() if self.host else None}
+                "faster": self.faster, "auto_kept_blocks": self.auto,
+                "host": self.host.as_dict() if self.host else None}
 
 
 @dataclass
@@ -242,13 +247,59 @@ def _states(cfg, *, trainable_role: bool, ema: bool, degree: int, bf16: bool, fr
     return {k: v for k, v in out.items() if v}
 
 
+def with_kept_blocks(resolved, skip: int):
+    """``resolved`` with ``skip`` blocks keeping their activations (all of them: checkpointing off)."""
+    cfg = resolved.config
+    dist, layers = cfg.distributed, effective_dims(cfg).num_layers
+    change = {"activation_checkpointing": False, "activation_checkpointing_skip_blocks": 0} if skip >= layers else \
+        {"activation_checkpointing": True, "activation_checkpointing_skip_blocks": skip}
+    return _Resolved(cfg.model_copy(update={"distributed": dist.model_copy(update=change)}), resolved.route)
+
+
+def auto_kept_blocks(resolved, *, gpu_memory_bytes: int, gpus_per_node: int) -> tuple[int, "Forecast"]:
+    """``distributed.activation_checkpointing_skip_blocks: auto``: the most blocks that may keep their
+    activations (the rest recomputed in backward; all of them: checkpointing off) with the forecast
+    peak leaving ``AUTO_MARGIN`` of the GPU free beyond the usable limit, and that forecast. A config
+    that does not fit even recomputing every block is a ConfigError naming the need and the fixes."""
+    layers = effective_dims(resolved.config).num_layers
+    margin = int(AUTO_MARGIN * gpu_memory_bytes)
+    for skip in range(layers, -1, -1):   # activations grow with every kept block: the first fit is the most
+        fc = forecast(with_kept_blocks(resolved, skip), gpu_memory_bytes=gpu_memory_bytes, gpus_per_node=gpus_per_node,
+                      look_faster=False)
+        if fc.peak_bytes + margin <= fc.usable_bytes:
+            return skip, fc
+    fixes = "; ".join(fc.suggestions) or "more GPUs (sharding) or a shorter sequence"
+    raise ConfigError(f"distributed.activation_checkpointing_skip_blocks=auto: even recomputing every block the "
+                      f"forecast is {fc.peak_bytes / GIB:.1f} GiB per GPU, over {fc.usable_bytes / GIB:.1f} GiB "
+                      f"usable of {gpu_memory_bytes / GIB:.0f} GiB less the {AUTO_MARGIN:.0%} margin; try {fixes}")
+
+
+def resolve_auto(resolved, *, gpu_memory_bytes: int, gpus_per_node: int):
+    """``resolved`` with ``auto`` replaced by its choice (``auto_kept_blocks``); as it is otherwise."""
+    if resolved.config.distributed.activation_checkpointing_skip_blocks != "auto":
+        return resolved
+    skip, _ = auto_kept_blocks(resolved, gpu_memory_bytes=gpu_memory_bytes, gpus_per_node=gpus_per_node)
+    return with_kept_blocks(resolved, skip)
+
+
 def forecast(resolved, *, gpu_memory_bytes: int, gpus_per_node: int = 8, look_faster: bool = True) -> Forecast:
     """The per-GPU forecast of a resolved ``train`` config (``solar config memory``); ``look_faster``:
-    when it fits, also look for fewer recomputed blocks that still fit (``Forecast.faster``)."""
+    when it fits, also look for fewer recomputed blocks that still fit (``Forecast.faster``). With
+    ``activation_checkpointing_skip_blocks: auto`` the forecast is of what ``auto`` chooses for this
+    GPU and topology (``Forecast.auto``), or of every block recomputed when nothing fits."""
     cfg, route = resolved.config, resolved.route
     if cfg.action != "train":
         raise ConfigError("solar config memory forecasts training configs (action: train); this one is "
                           f"action: {cfg.action}")
+    if cfg.distributed.activation_checkpointing_skip_blocks == "auto":
+        try:
+            skip, _ = auto_kept_blocks(resolved, gpu_memory_bytes=gpu_memory_bytes, gpus_per_node=gpus_per_node)
+        except ConfigError:
+            skip = 0
+        result = forecast(with_kept_blocks(resolved, skip), gpu_memory_bytes=gpu_memory_bytes,
+                          gpus_per_node=gpus_per_node, look_faster=False)
+        result.auto = skip
+        return result
     dims = effective_dims(cfg)
     degree = shard_degree(cfg, gpus_per_node)
     bf16 = cfg.model.dtype != "float32"
@@ -443,6 +494,9 @@ def table(fc: Forecast) -> str:
                  f"({fc.usable_bytes / GIB:.1f} usable): {verdict}; states divided over {fc.shard_degree} GPU(s), "
                  + ", ".join(f"{r} {t:,} tokens" for r, t in fc.tokens_per_gpu.items()))
     lines += [f"to fit: {s}" for s in fc.suggestions]
+    if fc.auto is not None:
+        lines.append(f"activation_checkpointing_skip_blocks auto: {fc.auto} blocks keep their activations "
+                     f"(with {AUTO_MARGIN:.0%} of the GPU left free beyond the usable limit)")
     if fc.faster:
         lines.append(f"faster, still fits: {fc.faster}")
     if fc.host is not None:

@@ -156,8 +156,9 @@ class DistributedBlock(Block):
     activation_checkpointing_policy: Literal["full", "save_attention"] = Field(
         "full", description="full: recompute whole blocks; save_attention: keep the attention kernels' outputs "
                             "(one activation per block) and recompute the rest.")
-    activation_checkpointing_skip_blocks: NonNegInt = Field(
-        0, description="The last N blocks keep all their activations (memory for speed).")
+    activation_checkpointing_skip_blocks: NonNegInt | Literal["auto"] = Field(
+        0, description="The last N blocks keep all their activations (memory for speed); auto: at launch, "
+                       "the most blocks the memory forecast lets this GPU and topology keep with a margin.")
     timeout_seconds: PosInt = Field(1800, description="Collective timeout before a rank gives up.")
 
 

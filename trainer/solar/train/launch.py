@@ -39,11 +39,18 @@ def train(config: str, sets: Sequence[str]) -> int:
                                      device=cfg.runtime.device, timeout_seconds=cfg.distributed.timeout_seconds)
     if cfg.runtime.deterministic:
         torch.use_deterministic_algorithms(True)
+    built, kept = _auto_kept_blocks(resolved, d)   # the run's files keep `auto`; the model is built with the choice
     session = Session(resolved, d, out, verb="training")
     session.check(lambda: _check(resolved, out, resuming, d.device))  # nothing is written on a refusal
     status, loop = "failed", None
     try:
         session.open()
+        if kept is not None:
+            session.events.write("activation_checkpointing", rank=d.rank, **kept)
+            if d.rank == 0:
+                print(f"solar: activation_checkpointing_skip_blocks auto -> {kept['skip_blocks']} of {kept['blocks']} "
+                      f"blocks keep their activations ({kept['why']})", file=sys.stderr)
+        resolved = built
         from solar.models.sequence_parallel import SPGroup
         from solar.train.setup import build_parts
 
@@ -86,6 +93,40 @@ def train(config: str, sets: Sequence[str]) -> int:
         final = loop.last
         print(f"solar: train {status} at step {final['step'] if final else '-'} -> {out}", file=sys.stderr)
     return 0
+
+
+def _auto_kept_blocks(resolved, d):
+    """``distributed.activation_checkpointing_skip_blocks: auto`` chosen for this launch: on GPUs, the most
+    blocks the memory forecast lets the smallest GPU of the run keep at this topology, with
+    ``memory.AUTO_MARGIN`` left free (every rank computes the same choice from the same gathered
+    figures); elsewhere every block is recomputed. Returns (the config to build with, the choice or None)."""
+    import dataclasses
+
+    import torch
+
+    from solar.config import memory
+    from solar.config.contracts import effective_dims
+
+    cfg = resolved.config
+    if cfg.distributed.activation_checkpointing_skip_blocks != "auto":
+        return resolved, None
+    blocks = effective_dims(cfg).num_layers
+    cuda = d.device.type == "cuda"
+    total = torch.cuda.get_device_properties(d.device).total_memory if cuda else 0
+    gpu_memory = min(d.all_gather_object(total, "gpu-memory"))
+    if cuda:
+        skip, fc = memory.auto_kept_blocks(resolved, gpu_memory_bytes=gpu_memory, gpus_per_node=d.local_world)
+        why = (f"forecast {fc.peak_bytes / memory.GIB:.1f} GiB of {gpu_memory / memory.GIB:.1f} GiB per GPU, "
+               f"{memory.AUTO_MARGIN:.0%} margin beyond the usable {fc.usable_bytes / memory.GIB:.1f} GiB")
+        kept = {"skip_blocks": skip, "blocks": blocks, "gpu_memory_bytes": gpu_memory,
+                "forecast_peak_bytes": fc.peak_bytes, "why": why}
+        chosen = memory.with_kept_blocks(resolved, skip).config
+    else:
+        kept = {"skip_blocks": 0, "blocks": blocks, "gpu_memory_bytes": None, "forecast_peak_bytes": None,
+                "why": f"no GPU ({d.device.type}): every checkpointed block recomputed"}
+        dist = cfg.distributed.model_copy(update={"activation_checkpointing_skip_blocks": 0})
+        chosen = cfg.model_copy(update={"distributed": dist})
+    return dataclasses.replace(resolved, config=chosen), kept
 
 
 def _check(resolved, out: Path, resuming: bool, device) -> None:
