@@ -1,6 +1,14 @@
 """On a CUDA device: the trainer's optimizer (``solar.train.optimizer.adamw``) takes torch's fused
-AdamW for GPU parameters, and ten of its updates stay within 1e-5 relative of the foreach
-implementation the trainer used before (the same rule, rounded differently). Skipped without CUDA."""
+AdamW for GPU parameters, and ten of its updates stay within a derived bound of the foreach
+implementation the trainer used before (the same rule, rounded differently). Skipped without CUDA.
+
+The bound: at each step the two may round the new fp32 parameter differently, by up to the unit
+roundoff u = 2^-24 of |p| per rounding (weight decay and the update applied in one rounding or two:
+at most 4u|p| apart), and the update itself (moments, square root, division) by a few u of |update|
+(8u). Over n steps, accumulated linearly (the worst case), the difference is at most
+n * 4u * ||p|| + 8u * ||moved||; the test divides by ||moved||. The fixed 1e-5 it asked before was
+fitted to one card and failed on an H100 at 1.57e-5 (2026-12-05); this bound is ~1.3e-4 for these
+tensors (on the CPU, fused and foreach differ by ~2e-7)."""
 
 from __future__ import annotations
 
@@ -33,6 +41,8 @@ def test_fused_adamw_within_a_bound_of_foreach():
                 p.grad = grad.clone()
             optimizer.step()
         results.append([p.detach() for p in params.values()])
+    u, n = 2.0 ** -24, len(grads)
     for a, b, s in zip(*results, start):
         moved = (b - s).norm()
-        assert ((a - b).norm() / moved).item() < 1e-5
+        bound = (n * 4 * u * b.norm() + 8 * u * moved) / moved
+        assert ((a - b).norm() / moved).item() < bound.item()
