@@ -24,6 +24,11 @@ _DTYPES = {
 }
 
 
+def dtype_name(dtype: torch.dtype) -> str:
+    """The safetensors name of a dtype (F32, BF16, ...)."""
+    return _DTYPES[dtype]
+
+
 def tensor_buffer(tensor: torch.Tensor) -> memoryview:
     """The tensor's little-endian bytes (no copy for a contiguous CPU tensor)."""
     flat = tensor.detach().to("cpu").contiguous().reshape(-1)

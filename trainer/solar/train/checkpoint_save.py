@@ -137,9 +137,7 @@ def write(capture: Capture) -> dict[str, dict]:
 def _write_sharded(capture: Capture) -> dict[str, dict]:
     from solar.train import checkpoint_shards as shards
 
-    shards.save(capture.shards, capture.partial, capture.group)
-    if capture.inject is not None:
-        raise capture.inject
+    shards.save(capture.shards, capture.partial, capture.group, fail=capture.inject)
     roles = {}
     for rel, data in capture.files.items():   # rank 0: shards.json, each role's optimizer.json, trainer.json
         io.write_bytes(capture.partial / rel, data)

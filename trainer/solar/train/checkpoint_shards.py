@@ -21,6 +21,7 @@ run on a gloo group of their own (``Dist.checkpoint_group``), so a background wr
 
 from __future__ import annotations
 
+import os
 from pathlib import Path
 
 import torch
@@ -62,22 +63,43 @@ def stage(state: dict[str, torch.Tensor], staging) -> dict[str, torch.Tensor]:
 
 def layout_document(state: dict[str, torch.Tensor], world: int) -> bytes:
     """``shards.json``: what the shard files must add up to (``storage.checkpoints.verify`` checks it)."""
-    from solar.safetensors_io import _DTYPES
+    from solar.safetensors_io import dtype_name
 
-    tensors = {k: {"dtype": _DTYPES[v.dtype], "shape": list(v.shape)} for k, v in sorted(state.items())}
+    tensors = {k: {"dtype": dtype_name(v.dtype), "shape": list(v.shape)} for k, v in sorted(state.items())}
     return pretty_bytes({"schema": LAYOUT_SCHEMA, "format": "dcp-safetensors", "world": world,
                          "tensors": tensors})
 
 
-def save(state: dict[str, torch.Tensor], partial: Path, group) -> None:
-    """Every rank writes its shards of ``state`` into ``partial/shards`` (a collective over ``group``)."""
+def save(state: dict[str, torch.Tensor], partial: Path, group, fail: OSError | None = None) -> None:
+    """Every rank writes its shards of ``state`` into ``partial/shards`` (a collective over ``group``).
+    ``fail``: a drill's storage fault (``train/faults.py``), raised inside DCP's write on this rank the
+    way a full volume's error is, after this rank's shard file is begun."""
     import torch.distributed.checkpoint as dcp
     from torch.distributed.checkpoint import HuggingFaceStorageWriter
 
+    from torch.distributed.checkpoint.api import CheckpointException
+
     directory = partial / SHARDS_DIR
     directory.mkdir(parents=True, exist_ok=True)
-    dcp.save(state, storage_writer=HuggingFaceStorageWriter(str(directory), save_distributed=True),
-             process_group=group)
+    writer = HuggingFaceStorageWriter(str(directory), save_distributed=True)
+    if fail is not None:
+        def write_data(plan, planner, _write=writer.write_data):
+            (directory / f"shard-drill-{os.getpid()}.safetensors").write_bytes(b"\0" * 64)  # a file begun
+            raise fail
+        writer.write_data = write_data
+    try:
+        dcp.save(state, storage_writer=writer, process_group=group)
+    except CheckpointException as exc:
+        # DCP gathers every rank's failure; raise this rank's own (else the first) as itself, so a full
+        # or failing volume keeps its classified one-line error naming the path
+        import torch.distributed as dist
+
+        rank = dist.get_rank(group) if dist.is_initialized() else 0
+        failures = exc.failures
+        cause = (failures.get(rank) or next(iter(failures.values())))[0] if failures else None
+        if isinstance(cause, Exception):
+            raise cause from None
+        raise RuntimeError(f"sharded checkpoint save failed: {exc}") from None
 
 
 def local_bytes(t: torch.Tensor) -> int:
