@@ -143,7 +143,7 @@ def test_a_sharded_checkpoint_resumes_at_another_sharding(wan_data, tmp_path):
         for step in (3, 4):
             for key in ("loss", "grad_norm"):
                 assert got[step][key] == pytest.approx(want[step][key], rel=1e-5), (sharding, step, key)
-        assert result(run)["status"] == "succeeded"
+        assert result(run)["status"] == "complete"
 
 
 @pytest.mark.parametrize("saving", ["sync", "async"])
