@@ -74,16 +74,16 @@ def save(state: dict[str, torch.Tensor], partial: Path, group, fail: OSError | N
     """Every rank writes its shards of ``state`` into ``partial/shards`` (a collective over ``group``).
     ``fail``: a drill's storage fault (``train/faults.py``), raised inside DCP's write on this rank the
     way a full volume's error is, after this rank's shard file is begun."""
+    import torch.distributed as dist
     import torch.distributed.checkpoint as dcp
     from torch.distributed.checkpoint import HuggingFaceStorageWriter
-
     from torch.distributed.checkpoint.api import CheckpointException
 
     directory = partial / SHARDS_DIR
     directory.mkdir(parents=True, exist_ok=True)
     writer = HuggingFaceStorageWriter(str(directory), save_distributed=True)
     if fail is not None:
-        def write_data(plan, planner, _write=writer.write_data):
+        def write_data(plan, planner):
             (directory / f"shard-drill-{os.getpid()}.safetensors").write_bytes(b"\0" * 64)  # a file begun
             raise fail
         writer.write_data = write_data
@@ -92,8 +92,6 @@ def save(state: dict[str, torch.Tensor], partial: Path, group, fail: OSError | N
     except CheckpointException as exc:
         # DCP gathers every rank's failure; raise this rank's own (else the first) as itself, so a full
         # or failing volume keeps its classified one-line error naming the path
-        import torch.distributed as dist
-
         rank = dist.get_rank(group) if dist.is_initialized() else 0
         failures = exc.failures
         cause = (failures.get(rank) or next(iter(failures.values())))[0] if failures else None
