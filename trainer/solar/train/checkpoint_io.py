@@ -41,15 +41,12 @@ def write_tensors(path: Path, tensors: dict[str, torch.Tensor]) -> None:
 
 
 def _cpu(t: torch.Tensor) -> torch.Tensor:
-    t = t.detach()
-    if hasattr(t, "full_tensor"):  # DTensor (FSDP2): this helper only runs on full tensors
-        t = t.full_tensor()
-    return t.to("cpu").contiguous()
+    return t.detach().to("cpu").contiguous()
 
 
 def full(tensors: dict[str, torch.Tensor], staging=None, key: str = "") -> dict[str, torch.Tensor]:
-    """Full CPU copies (into ``staging``'s reused buffers when given, a ``checkpoint_save.Staging``);
-    with FSDP2 (DTensors) this is a collective every rank must enter."""
+    """CPU copies of an unsharded role's tensors (into ``staging``'s reused buffers when given, a
+    ``checkpoint_save.Staging``); sharded roles go through ``checkpoint_shards`` instead."""
     if staging is not None:
         return {k: staging.copy(f"{key}/{k}", v) for k, v in tensors.items()}
     return {k: _cpu(v) for k, v in tensors.items()}

@@ -31,10 +31,8 @@ class Staging:
         self.cuda = False
 
     def copy(self, key: str, tensor: torch.Tensor) -> torch.Tensor:
-        """A host copy of ``tensor`` (a whole one: sharded saves pass each DTensor's local shard)."""
+        """A host copy of ``tensor`` (a plain one: sharded saves pass each DTensor's local shard)."""
         t = tensor.detach()
-        if hasattr(t, "full_tensor"):  # DTensor: only the whole-file path of an unsharded role gets here
-            t = t.full_tensor()
         buf = self.buffers.get(key)
         if buf is None or buf.shape != t.shape or buf.dtype != t.dtype:
             buf = torch.empty(t.shape, dtype=t.dtype, pin_memory=t.is_cuda)
