@@ -42,7 +42,9 @@ def check_writer() -> None:
                          f"which include it") from None
 
 
-def write_mp4(path: Path, frames_FHW3: torch.Tensor, fps: float) -> None:
+def write_mp4(path: Path, frames_FHW3: torch.Tensor, fps: float, *, threads: int | None = None,
+              preset: str = "veryfast") -> None:
+    """H.264 at CRF 18 (``threads``: x264's thread count, X264_THREADS when None; 0 lets x264 choose)."""
     import av
 
     if path.exists():
@@ -59,8 +61,8 @@ def write_mp4(path: Path, frames_FHW3: torch.Tensor, fps: float) -> None:
         # between machines; validation and `solar infer` must decode to the same frames. veryfast
         # with X264_THREADS: 237 frames at 480x864 in about 2 s on the H200 machine's 16 cores,
         # against 28 s single-threaded at medium (bench/RESULTS.md, slot parts).
-        stream.codec_context.thread_count = X264_THREADS
-        stream.options = {"crf": "18", "preset": "veryfast", "x264-params": "mbtree=0"}
+        stream.codec_context.thread_count = X264_THREADS if threads is None else threads
+        stream.options = {"crf": "18", "preset": preset, "x264-params": "mbtree=0"}
         array = frames_FHW3.numpy()
         for i in range(F):
             frame = av.VideoFrame.from_ndarray(array[i], format="rgb24")
