@@ -37,7 +37,9 @@ Host memory (CPU RAM) per rank, ``Forecast.host`` (``host_forecast``), from the 
   written before the sharded path): rank 0 receives every trained role's whole state, fp32 weights
   (LoRA on a released base: the adapters), AdamW's two moments and the EMA; under FSDP2 every other
   rank also gathers the whole EMA to its host. *sharded* (every rank writes its own shards through
-  torch.distributed.checkpoint): every rank holds the same bytes divided by the shard degree.
+  torch.distributed.checkpoint): every rank holds the same bytes divided by the shard degree. Not
+  counted: DCP's safetensors writer builds the file it writes in memory and copies it once, so a
+  save also holds up to two files of ``SHARD_FILE_BYTES`` (512 MiB) beside the staged shards.
   Unsharded runs hold the whole state on rank 0 in both. With ``async_checkpoint`` the whole-file
   capture on rank 0 also holds the gathered weights and moments beside the staging buffers.
 - load: the loader reads a file tensor by tensor into the rank's own rows, so a start (released
@@ -60,6 +62,7 @@ RESERVE_FRACTION, RESERVE_MIN = 0.05, 3 * GIB
 # What ``activation_checkpointing_skip_blocks: auto`` leaves free beyond the usable limit: the forecast's
 # error against measured peaks (bench/RESULTS.md: within a few percent at the released widths).
 AUTO_MARGIN = 0.05
+SHARD_FILE_BYTES = 256 << 20    # solar.train.checkpoint_shards.FILE_BYTES (tested equal): a rank's shard file at most
 HOST_BASELINE = 6 * GIB          # one rank's process on a GPU: Python, torch, the CUDA runtime (assumed, not measured)
 HOST_BASELINE_CPU = 2 * GIB      # the same on runtime.device cpu (no CUDA runtime)
 CLIP_COPIES = 3                  # the clip read ahead, the batch in use, its pinned copy on the way to the GPU

@@ -3,7 +3,7 @@
 
 Layout inside ``step_NNNNNNNN/`` beside today's whole files (``checkpoint_io``)::
 
-    shards/shard-NNNNN-model-00001-of-00001.safetensors   one per rank that holds data (DCP's names)
+    shards/shard-RRRRR-model-KKKKK-of-NNNNN.safetensors    rank R's file K of N (DCP's names; FILE_BYTES)
     shards.json                                            every tensor's dtype and full shape
     <role>/optimizer.json                                  hyperparameters, step counts, names
     trainer.json, rng/, data/                              as in a whole-file checkpoint
@@ -28,6 +28,11 @@ import torch
 
 from solar.config.canonical import pretty_bytes
 
+# About what one rank's shard file holds at most: DCP's safetensors writer builds a whole file in
+# memory (and copies it once more) before it writes it, so a rank's save holds its largest file twice
+# beside its staged shards (bench/RESULTS.md: 2.1-2.8x the bytes a rank wrote when each rank wrote
+# one file). Tensors are spread over files by their bytes per rank, the same mapping on every rank.
+FILE_BYTES = 256 << 20
 SHARDS_DIR = "shards"
 LAYOUT_FILE = "shards.json"
 LAYOUT_SCHEMA = "solar.checkpoint-shards.v1"
@@ -81,7 +86,8 @@ def save(state: dict[str, torch.Tensor], partial: Path, group, fail: OSError | N
 
     directory = partial / SHARDS_DIR
     directory.mkdir(parents=True, exist_ok=True)
-    writer = HuggingFaceStorageWriter(str(directory), save_distributed=True)
+    writer = HuggingFaceStorageWriter(str(directory), fqn_to_index_mapping=file_mapping(state, group),
+                                      save_distributed=True)
     if fail is not None:
         def write_data(plan, planner):
             (directory / f"shard-drill-{os.getpid()}.safetensors").write_bytes(b"\0" * 64)  # a file begun
@@ -98,6 +104,24 @@ def save(state: dict[str, torch.Tensor], partial: Path, group, fail: OSError | N
         if isinstance(cause, Exception):
             raise cause from None
         raise RuntimeError(f"sharded checkpoint save failed: {exc}") from None
+
+
+def file_mapping(state: dict[str, torch.Tensor], group, limit: int = FILE_BYTES) -> dict[str, int] | None:
+    """Each tensor's file (1, 2, ...) so that a rank's file holds about ``limit`` bytes at most, from
+    every tensor's whole bytes over the ranks (a rank writes about that much of it, its shard or its
+    share of the replicated pieces DCP spreads over them); None when one file per rank will do."""
+    import torch.distributed as dist
+
+    ranks = dist.get_world_size(group) if dist.is_initialized() else 1
+    mapping, index, held = {}, 1, 0
+    for key in sorted(state):
+        t = state[key]
+        share = t.numel() * t.element_size() // ranks
+        if held and held + share > limit:
+            index, held = index + 1, 0
+        mapping[key] = index
+        held += share
+    return mapping if index > 1 else None
 
 
 def local_bytes(t: torch.Tensor) -> int:
