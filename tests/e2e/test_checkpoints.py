@@ -50,25 +50,29 @@ def test_verify_and_list(run, cli, tmp_path):
     assert mismatch.code == 2 and "contract family: checkpoint has 'wan22_ti2v_5b', expected 'minimax_h3'" in mismatch.out
 
 
-# bench/crash as it is, except that its runs' validations (the tiny config validates every 4 steps) decode one
-# latent per slot instead of whole clips: seconds of decoding and encoding took most of each trial, and most
+# bench/crash as it is; its runs' validations (the tiny config validates every 4 steps) decode one latent per slot
+# instead of whole clips (--decode-latents 1): seconds of decoding and encoding took most of each trial, and most
 # kills landed in them rather than in the steps and checkpoint saves the bench is about.
-_BENCH = """
-import importlib.util, sys
-spec = importlib.util.spec_from_file_location("crash_consistency", sys.argv[1])
-bench = importlib.util.module_from_spec(spec)
-spec.loader.exec_module(bench)
-solar = bench.solar
-bench.solar = lambda *args, **kw: solar(*args, "--set", "validation.decode_latents=1", **kw)
-sys.argv = sys.argv[1:]
-bench.main()
-"""
+def _crash_bench(*args: str, timeout: int) -> dict:
+    proc = subprocess.run([sys.executable, str(REPO / "bench/crash/crash_consistency.py"), "--decode-latents", "1",
+                           *args], capture_output=True, text=True, timeout=timeout)
+    assert proc.stdout.strip(), proc.stderr[-3000:]
+    report = json.loads(proc.stdout)
+    assert proc.returncode == 0 and report["failures"] == 0, proc.stdout
+    return report
 
 
 def test_crash_consistency_under_sigkill():
     """A short run of bench/crash (30+ trials are recorded in bench/RESULTS.md)."""
-    proc = subprocess.run([sys.executable, "-c", _BENCH, str(REPO / "bench/crash/crash_consistency.py"), "--trials",
-                           "4", "--seed", "7", "--workdir", str(REPO / ".cache/crash-test")], capture_output=True,
-                          text=True, timeout=600)
-    report = json.loads(proc.stdout)
-    assert proc.returncode == 0 and report["failures"] == 0, proc.stdout
+    _crash_bench("--trials", "4", "--seed", "7", "--workdir", str(REPO / ".cache/crash-test"), timeout=600)
+
+
+def test_sharded_crash_consistency_under_sigkill():
+    """bench/crash at world 2, full_shard (every rank writes its own shards): seed 3 SIGKILLs rank 1, then
+    the torchrun agent (its orphaned ranks after it); every save left verifies, no partial is taken for a
+    checkpoint, and a world-2 full resume from the newest commits the next step (the recorded trials at
+    world 2-4, sync and async: bench/crash/results/2026-12-06-sharded-*.json)."""
+    report = _crash_bench("--trials", "2", "--seed", "3", "--world", "2", "--sharding", "full_shard",
+                          "--agent-kills", "0.5", "--workdir", str(REPO / ".cache/crash-test-sharded"), timeout=600)
+    assert [t["killed"] for t in report["details"]] == ["rank 1", "agent"], report["details"]
+    assert all(t["layouts"] == ["sharded"] and t["resume_rc"] == 0 for t in report["details"]), report["details"]
