@@ -140,6 +140,9 @@ class Generation:
                 return
             if self.sharded and batch is not None and not isinstance(batch, str):
                 raise
+            if not writer:   # an SP peer's error: the slot's writer records the slot
+                self.log(f"solar: validation slot {slot.slot} ({slot.sample_id}) failed: {type(exc).__name__}: {exc}")
+                return
             self.files.submit(self._finish, pass_dir, partial, p, slot, step, manifest, None, None, clock, exc)
             return
         self.files.submit(self._finish, pass_dir, partial, p, slot, step, manifest, truth, made, clock, None)
