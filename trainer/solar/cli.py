@@ -176,9 +176,9 @@ def cmd_checkpoint_list(args: argparse.Namespace) -> int:
 
 
 def cmd_checkpoint_export(args: argparse.Namespace) -> int:
-    from solar.train.checkpoint_export import export
-
     from pathlib import Path
+
+    from solar.train.checkpoint_export import export
 
     final = export(Path(args.checkpoint), Path(args.out), log=lambda line: print(line, file=sys.stderr, flush=True))
     print(f"solar: exported {args.checkpoint} -> {final}", file=sys.stderr)

@@ -29,6 +29,11 @@ def dtype_name(dtype: torch.dtype) -> str:
     return _DTYPES[dtype]
 
 
+def dtype_of(name: str) -> torch.dtype:
+    """The dtype a safetensors name (F32, BF16, ...) stands for."""
+    return next(dtype for dtype, known in _DTYPES.items() if known == name)
+
+
 def tensor_buffer(tensor: torch.Tensor) -> memoryview:
     """The tensor's little-endian bytes (no copy for a contiguous CPU tensor)."""
     flat = tensor.detach().to("cpu").contiguous().reshape(-1)

@@ -30,9 +30,3 @@ def test_a_tensor_larger_than_the_limit_gets_a_file_of_its_own():
     mapping = file_mapping(state, None, limit=1 << 10)
     assert mapping["a"] != mapping["b"] != mapping["c"] and mapping["a"] == 1
 
-
-def test_the_host_forecast_counts_the_writer_with_the_trainers_file_size():
-    from solar.config import memory
-    from solar.train import checkpoint_shards
-
-    assert memory.SHARD_FILE_BYTES == checkpoint_shards.FILE_BYTES

@@ -39,7 +39,8 @@ Host memory (CPU RAM) per rank, ``Forecast.host`` (``host_forecast``), from the 
   rank also gathers the whole EMA to its host. *sharded* (every rank writes its own shards through
   torch.distributed.checkpoint): every rank holds the same bytes divided by the shard degree. Not
   counted: DCP's safetensors writer builds the file it writes in memory and copies it once, so a
-  save also holds up to two files of ``SHARD_FILE_BYTES`` (512 MiB) beside the staged shards.
+  save also holds up to two files of ``solar.train.checkpoint_shards.FILE_BYTES`` (2 x 256 MiB)
+  beside the staged shards.
   Unsharded runs hold the whole state on rank 0 in both. With ``async_checkpoint`` the whole-file
   capture on rank 0 also holds the gathered weights and moments beside the staging buffers.
 - load: the loader reads a file tensor by tensor into the rank's own rows, so a start (released
@@ -62,7 +63,6 @@ RESERVE_FRACTION, RESERVE_MIN = 0.05, 3 * GIB
 # What ``activation_checkpointing_skip_blocks: auto`` leaves free beyond the usable limit: the forecast's
 # error against measured peaks (bench/RESULTS.md: within a few percent at the released widths).
 AUTO_MARGIN = 0.05
-SHARD_FILE_BYTES = 256 << 20    # solar.train.checkpoint_shards.FILE_BYTES (tested equal): a rank's shard file at most
 HOST_BASELINE = 6 * GIB          # one rank's process on a GPU: Python, torch, the CUDA runtime (assumed, not measured)
 HOST_BASELINE_CPU = 2 * GIB      # the same on runtime.device cpu (no CUDA runtime)
 CLIP_COPIES = 3                  # the clip read ahead, the batch in use, its pinned copy on the way to the GPU
@@ -259,30 +259,32 @@ def with_kept_blocks(resolved, skip: int):
     return _Resolved(cfg.model_copy(update={"distributed": dist.model_copy(update=change)}), resolved.route)
 
 
+def _most_kept(resolved, *, gpu_memory_bytes: int, gpus_per_node: int, margin: int, fewest: int):
+    """The most blocks (from all of them down to ``fewest``) that may keep their activations with the
+    forecast peak ``margin`` under the usable limit, and that forecast; (None, the last forecast tried)
+    when none fits. Activations grow with every kept block: the first fit is the most."""
+    fc = None
+    for skip in range(effective_dims(resolved.config).num_layers, fewest - 1, -1):
+        fc = forecast(with_kept_blocks(resolved, skip), gpu_memory_bytes=gpu_memory_bytes, gpus_per_node=gpus_per_node,
+                      look_faster=False)
+        if fc.peak_bytes + margin <= fc.usable_bytes:
+            return skip, fc
+    return None, fc
+
+
 def auto_kept_blocks(resolved, *, gpu_memory_bytes: int, gpus_per_node: int) -> tuple[int, "Forecast"]:
     """``distributed.activation_checkpointing_skip_blocks: auto``: the most blocks that may keep their
     activations (the rest recomputed in backward; all of them: checkpointing off) with the forecast
     peak leaving ``AUTO_MARGIN`` of the GPU free beyond the usable limit, and that forecast. A config
     that does not fit even recomputing every block is a ConfigError naming the need and the fixes."""
-    layers = effective_dims(resolved.config).num_layers
-    margin = int(AUTO_MARGIN * gpu_memory_bytes)
-    for skip in range(layers, -1, -1):   # activations grow with every kept block: the first fit is the most
-        fc = forecast(with_kept_blocks(resolved, skip), gpu_memory_bytes=gpu_memory_bytes, gpus_per_node=gpus_per_node,
-                      look_faster=False)
-        if fc.peak_bytes + margin <= fc.usable_bytes:
-            return skip, fc
+    skip, fc = _most_kept(resolved, gpu_memory_bytes=gpu_memory_bytes, gpus_per_node=gpus_per_node,
+                          margin=int(AUTO_MARGIN * gpu_memory_bytes), fewest=0)
+    if skip is not None:
+        return skip, fc
     fixes = "; ".join(fc.suggestions) or "more GPUs (sharding) or a shorter sequence"
     raise ConfigError(f"distributed.activation_checkpointing_skip_blocks=auto: even recomputing every block the "
                       f"forecast is {fc.peak_bytes / GIB:.1f} GiB per GPU, over {fc.usable_bytes / GIB:.1f} GiB "
                       f"usable of {gpu_memory_bytes / GIB:.0f} GiB less the {AUTO_MARGIN:.0%} margin; try {fixes}")
-
-
-def resolve_auto(resolved, *, gpu_memory_bytes: int, gpus_per_node: int):
-    """``resolved`` with ``auto`` replaced by its choice (``auto_kept_blocks``); as it is otherwise."""
-    if resolved.config.distributed.activation_checkpointing_skip_blocks != "auto":
-        return resolved
-    skip, _ = auto_kept_blocks(resolved, gpu_memory_bytes=gpu_memory_bytes, gpus_per_node=gpus_per_node)
-    return with_kept_blocks(resolved, skip)
 
 
 def forecast(resolved, *, gpu_memory_bytes: int, gpus_per_node: int = 8, look_faster: bool = True) -> Forecast:
@@ -294,14 +296,10 @@ def forecast(resolved, *, gpu_memory_bytes: int, gpus_per_node: int = 8, look_fa
     if cfg.action != "train":
         raise ConfigError("solar config memory forecasts training configs (action: train); this one is "
                           f"action: {cfg.action}")
-    if cfg.distributed.activation_checkpointing_skip_blocks == "auto":
-        try:
-            skip, _ = auto_kept_blocks(resolved, gpu_memory_bytes=gpu_memory_bytes, gpus_per_node=gpus_per_node)
-        except ConfigError:
-            skip = 0
-        result = forecast(with_kept_blocks(resolved, skip), gpu_memory_bytes=gpu_memory_bytes,
-                          gpus_per_node=gpus_per_node, look_faster=False)
-        result.auto = skip
+    if cfg.distributed.activation_checkpointing_skip_blocks == "auto":   # what auto chooses, else every block recomputed
+        skip, result = _most_kept(resolved, gpu_memory_bytes=gpu_memory_bytes, gpus_per_node=gpus_per_node,
+                                  margin=int(AUTO_MARGIN * gpu_memory_bytes), fewest=0)
+        result.auto = skip or 0
         return result
     dims = effective_dims(cfg)
     degree = shard_degree(cfg, gpus_per_node)
@@ -430,26 +428,12 @@ def _faster(resolved, *, gpu_memory_bytes: int, gpus_per_node: int) -> str | Non
     could be kept instead (``activation_checkpointing_skip_blocks``; all of them: checkpointing off)
     with the forecast still fitting, or None. Keeping a block's activations skips its recomputation:
     less work per step, never more (bench/RESULTS.md: 2026-12-03's checkpointing table)."""
-    cfg = resolved.config
-    dist, layers = cfg.distributed, effective_dims(cfg).num_layers
-    current = min(dist.activation_checkpointing_skip_blocks, layers)
-
-    def trial(skip: int) -> Forecast:
-        change = {"activation_checkpointing": False} if skip == layers else \
-            {"activation_checkpointing_skip_blocks": skip}
-        edited = cfg.model_copy(update={"distributed": dist.model_copy(update=change)})
-        return forecast(_Resolved(edited, resolved.route), gpu_memory_bytes=gpu_memory_bytes,
-                        gpus_per_node=gpus_per_node, look_faster=False)
-
-    best = None
-    for skip in range(layers, current, -1):   # activations grow with every kept block: the first fit is the most
-        fc = trial(skip)
-        if fc.fits:
-            best = (skip, fc)
-            break
-    if best is None:
+    layers = effective_dims(resolved.config).num_layers
+    current = min(resolved.config.distributed.activation_checkpointing_skip_blocks, layers)
+    skip, fc = _most_kept(resolved, gpu_memory_bytes=gpu_memory_bytes, gpus_per_node=gpus_per_node, margin=0,
+                          fewest=current + 1)
+    if skip is None:
         return None
-    skip, fc = best
     text = "distributed.activation_checkpointing=false" if skip == layers else \
         f"distributed.activation_checkpointing_skip_blocks={skip}"
     return f"{text} (forecast {fc.peak_bytes / GIB:.1f} GiB): {skip - current} fewer of {layers} blocks recomputed"

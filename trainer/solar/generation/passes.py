@@ -141,7 +141,7 @@ class Generation:
             if self.sharded and batch is not None and not isinstance(batch, str):
                 raise
             if not writer:   # an SP peer's error: the slot's writer records the slot
-                self.log(f"solar: validation slot {slot.slot} ({slot.sample_id}) failed: {type(exc).__name__}: {exc}")
+                self.log(f"solar: validation slot {slot.slot} ({slot.sample_id}) failed: {_error_text(exc)}")
                 return
             self.files.submit(self._finish, pass_dir, partial, p, slot, step, manifest, None, None, clock, exc)
             return
@@ -176,8 +176,7 @@ class Generation:
         if exc is not None:
             if self._storage_failed(exc, p, slot, pass_dir, partial):
                 return
-            manifest.update(status="error", error=f"{type(exc).__name__}: {exc}" if not isinstance(exc, ValueError)
-                            else str(exc), artifacts=[])
+            manifest.update(status="error", error=_error_text(exc), artifacts=[])
             manifest.pop("rollout_latents", None)
             self.log(f"solar: validation slot {slot.slot} ({slot.sample_id}) failed: {manifest['error']}")
         try:
@@ -277,6 +276,11 @@ class Generation:
         if not path.exists():
             write_create_only(path, pretty_bytes(doc), what="validation COMPLETE.json")
         return {**doc, "path": str(path.parent)}
+
+
+def _error_text(exc: BaseException) -> str:
+    """A failed slot's error as its manifest records it (an input's ValueError is its own message)."""
+    return str(exc) if isinstance(exc, ValueError) else f"{type(exc).__name__}: {exc}"
 
 
 class _FileWorker:

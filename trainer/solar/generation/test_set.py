@@ -97,9 +97,8 @@ def codec_for(cfg, device: torch.device | None = None):
     from solar.models.codecs import build_codec
 
     codec = build_codec(cfg.model.family, path=cfg.model.vae_path, profile=cfg.model.profile, seed=CODEC_SEED)
-    if device is not None:
-        codec.vae.to(device)
-    torch.nn.Module.to(codec.vae, decode_dtype(cfg, device))   # not diffusers' `to`, which warns on any cast
+    # torch's own `to`, not diffusers' (which warns on any cast of dtype)
+    torch.nn.Module.to(codec.vae, device=device, dtype=decode_dtype(cfg, device))
     return codec
 
 

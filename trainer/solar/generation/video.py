@@ -58,9 +58,10 @@ def write_mp4(path: Path, frames_FHW3: torch.Tensor, fps: float, *, threads: int
         # A fixed thread count and no macroblock-tree rate control: with mb-tree on, x264 gave
         # different bitstreams for the same frames from one call to the next (measured), and x264's
         # output depends on its thread count, so a count taken from the machine's cores would differ
-        # between machines; validation and `solar infer` must decode to the same frames. veryfast
-        # with X264_THREADS: 237 frames at 480x864 in about 2 s on the H200 machine's 16 cores,
-        # against 28 s single-threaded at medium (bench/RESULTS.md, slot parts).
+        # between machines; validation and `solar infer` must decode to the same frames. One 237-frame
+        # 480x864 clip: 28 s single-threaded at medium, 2.0 s at veryfast with x264's own thread choice
+        # (16 cores, H200 machine); a slot's two MP4s at veryfast with X264_THREADS: 2.6 s (H100
+        # machine; bench/RESULTS.md).
         stream.codec_context.thread_count = X264_THREADS if threads is None else threads
         stream.options = {"crf": "18", "preset": preset, "x264-params": "mbtree=0"}
         array = frames_FHW3.numpy()

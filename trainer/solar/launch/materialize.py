@@ -22,7 +22,6 @@ from __future__ import annotations
 
 import functools
 import hashlib
-import json
 import math
 from collections.abc import Mapping
 from dataclasses import dataclass
@@ -49,6 +48,7 @@ class Lazy:
     key: str | None = None
     tensor: torch.Tensor | None = None
     chunks: tuple[tuple[Path, str, int, int], ...] | None = None
+    dtype: str | None = None   # the stored dtype's safetensors name (F32, BF16, ...) where a header gives it
 
     def read_like(self, like: torch.Tensor) -> torch.Tensor:
         """A new tensor laid out like ``like`` (this rank's rows of a sharded one) holding this one."""
@@ -66,7 +66,6 @@ class Lazy:
             if rows is None:
                 return handle.get_tensor(self.key)
             return handle.get_slice(self.key)[rows[0]:rows[1]]
-
 
     def _assemble(self, rows: tuple[int, int] | None) -> torch.Tensor:
         """Rows ``rows`` (all when None) from the pieces that hold them, each read by its own rows."""
@@ -89,7 +88,7 @@ class Lazy:
 def members(file: Path) -> dict[str, Lazy]:
     """Every tensor of one safetensors file, lazily."""
     header = safetensors_header(file)
-    return {k: Lazy(tuple(v["shape"]), file, k) for k, v in header.items() if k != "__metadata__"}
+    return {k: Lazy(tuple(v["shape"]), file, k, dtype=v["dtype"]) for k, v in header.items() if k != "__metadata__"}
 
 
 def released(family: str, path: str) -> dict[str, Lazy]:
@@ -118,31 +117,28 @@ def shards(path: Path) -> dict[str, Lazy]:
 @functools.lru_cache(maxsize=4)   # a committed checkpoint never changes; one load asks for each role's kinds
 def _shards(path: str) -> dict[str, Lazy]:
     """Every tensor of a sharded checkpoint (``solar.train.checkpoint_shards``) by its checkpoint name,
-    each assembled from the row pieces its ranks wrote: any number of ranks at any sharding reads back
-    just its own rows."""
-    from solar.storage.checkpoints import SHARDING_INFO, SHARDS_DIR, SHARDS_LAYOUT
+    each assembled from the row pieces its ranks wrote (``storage.checkpoints.shard_pieces``): any
+    number of ranks at any sharding reads back just its own rows."""
+    from solar.storage.checkpoints import SHARDS_DIR, shard_pieces
 
-    path = Path(path)
-    layout = json.loads((path / SHARDS_LAYOUT).read_text())["tensors"]
-    pieces: dict[str, list[tuple[Path, str, int, int]]] = {}
-    for file in sorted((path / SHARDS_DIR).glob("*.safetensors")):
-        header = safetensors_header(file)
-        info = json.loads((header.get("__metadata__") or {}).get(SHARDING_INFO, "{}"))
-        for key, entry in header.items():
-            if key != "__metadata__" and entry["shape"] is not None:
-                start = info[key]["saved_offsets"][0] if entry["shape"] else 0
-                pieces.setdefault(key, []).append((file, key, start, start + (entry["shape"][0] if entry["shape"] else 1)))
+    root = Path(path)
+    files = sorted(f"{SHARDS_DIR}/{f.name}" for f in (root / SHARDS_DIR).glob("*.safetensors"))
+    layout, pieces, problems = shard_pieces(root, files)
     missing = sorted(set(layout) - set(pieces))
-    if missing:
-        raise CheckpointError(f"{path}: its shard files lack {len(missing)} tensors, e.g. {missing[:2]}")
-    return {k: Lazy(tuple(v["shape"]), chunks=tuple(sorted(pieces[k], key=lambda c: c[2]))) for k, v in layout.items()}
+    if problems or missing:
+        raise CheckpointError(f"{root}: its shards do not make the checkpoint: "
+                              f"{'; '.join(problems[:2]) or f'{len(missing)} tensors missing, e.g. {missing[:2]}'}")
+    return {k: Lazy(tuple(v["shape"]), chunks=tuple((root / rel, k, lo, hi) for rel, lo, hi in pieces[k]),
+                    dtype=v["dtype"]) for k, v in layout.items()}
 
 
 def role_tensors(path: Path, role: str, kind: str) -> dict[str, Lazy]:
     """One role's ``kind`` (live, ema or optimizer) from a checkpoint of either layout: whole files
     (``<role>/<kind>.safetensors``) or every rank's shards; {} when the checkpoint has none."""
     path = Path(path)
-    if (path / "shards.json").is_file():
+    from solar.storage.checkpoints import SHARDS_LAYOUT
+
+    if (path / SHARDS_LAYOUT).is_file():
         prefix = f"{role}/{kind}/"
         return {k[len(prefix):]: v for k, v in shards(path).items() if k.startswith(prefix)}
     file = path / role / f"{kind}.safetensors"

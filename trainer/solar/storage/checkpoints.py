@@ -110,24 +110,34 @@ def commit(partial: Path, *, step: int, contract: dict, roles: dict, trainer_sta
     return final
 
 
-def _header(path: Path) -> dict:
+class _ShortFile(ValueError):
+    pass
+
+
+def _header(path: Path) -> tuple[int, dict]:
+    """A safetensors file's header length and header (JSON, ``__metadata__`` included)."""
     with open(path, "rb") as handle:
-        (length,) = struct.unpack("<Q", handle.read(8))
-        return json.loads(handle.read(length))
+        head = handle.read(8)
+        if len(head) != 8:
+            raise _ShortFile("shorter than a safetensors header")
+        (length,) = struct.unpack("<Q", head)
+        return length, json.loads(handle.read(length))
 
 
-def _shard_problems(root: Path, shard_files: list[str]) -> list[str]:
-    """A sharded checkpoint's shard files against ``shards.json``: every tensor's rows are there, once,
-    in pieces of its shape (a rank's missing or foreign file shows as rows missing or too many)."""
+def shard_pieces(root: Path, shard_files: list[str]) -> tuple[dict, dict[str, list[tuple[str, int, int]]], list[str]]:
+    """A sharded checkpoint's index, read from ``shards.json`` and the shard files' headers (DCP's
+    offsets): (every tensor's {dtype, shape}, each tensor's row pieces as (file, first row, end row) —
+    a scalar is one piece of row 0 —, problems: files that cannot be read, pieces that are not whole
+    rows of their tensor)."""
     try:
         layout = json.loads((root / SHARDS_LAYOUT).read_text())["tensors"]
     except (OSError, ValueError, KeyError) as exc:
-        return [f"{SHARDS_LAYOUT} is missing or unreadable ({exc})"]
-    pieces: dict[str, list[tuple[int, int]]] = {}
+        return {}, {}, [f"{SHARDS_LAYOUT} is missing or unreadable ({exc})"]
+    pieces: dict[str, list[tuple[str, int, int]]] = {}
     problems = []
     for rel in shard_files:
         try:
-            header = _header(root / rel)
+            _, header = _header(root / rel)
             info = json.loads((header.get("__metadata__") or {}).get(SHARDING_INFO, "{}"))
         except (OSError, ValueError, struct.error) as exc:
             problems.append(f"member {rel}: unreadable shard header ({exc})")
@@ -144,19 +154,28 @@ def _shard_problems(root: Path, shard_files: list[str]) -> list[str]:
             if entry["dtype"] != full["dtype"] or list(shape[1:]) != list(full["shape"][1:]) or any(offsets[1:]):
                 problems.append(f"member {rel}: tensor {key} is not a piece of rows of {full['shape']} {full['dtype']}")
                 continue
-            pieces.setdefault(key, []).append((offsets[0], offsets[0] + shape[0]) if shape else (0, 1))
+            pieces.setdefault(key, []).append((rel, offsets[0], offsets[0] + shape[0]) if shape else (rel, 0, 1))
+    for chunks in pieces.values():
+        chunks.sort(key=lambda c: c[1])
+    return layout, pieces, problems
+
+
+def _shard_problems(root: Path, shard_files: list[str]) -> list[str]:
+    """A sharded checkpoint's shard files against ``shards.json``: every tensor's rows are there, once,
+    in pieces of its shape (a rank's missing or foreign file shows as rows missing or too many)."""
+    layout, pieces, problems = shard_pieces(root, shard_files)
     for key, full in layout.items():
         rows = full["shape"][0] if full["shape"] else 1
-        covered, at = sorted(pieces.get(key, [])), 0
-        for lo, hi in covered:
+        covered, at = pieces.get(key, []), 0
+        for _, lo, hi in covered:
             if hi == lo:
                 continue
             if lo != at:
                 break
             at = hi
-        if at != rows or sum(hi - lo for lo, hi in covered) != rows:
-            problems.append(f"tensor {key}: its shards hold {sum(hi - lo for lo, hi in covered)} of {rows} rows "
-                            f"(a rank's part is missing or doubled)")
+        held = sum(hi - lo for _, lo, hi in covered)
+        if at != rows or held != rows:
+            problems.append(f"tensor {key}: its shards hold {held} of {rows} rows (a rank's part is missing or doubled)")
             if len(problems) > 20:
                 break
     return problems
@@ -164,12 +183,9 @@ def _shard_problems(root: Path, shard_files: list[str]) -> list[str]:
 
 def _safetensors_problem(path: Path) -> str | None:
     try:
-        with open(path, "rb") as handle:
-            head = handle.read(8)
-            if len(head) != 8:
-                return "shorter than a safetensors header"
-            (length,) = struct.unpack("<Q", head)
-            header = json.loads(handle.read(length))
+        length, header = _header(path)
+    except _ShortFile as exc:
+        return str(exc)
     except (OSError, ValueError) as exc:
         return f"unreadable safetensors header ({exc})"
     end = 0

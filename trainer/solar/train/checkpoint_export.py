@@ -20,7 +20,7 @@ from solar.storage import checkpoints as ckpt
 def export(source: Path, out: Path, log=lambda _: None) -> Path:
     from solar.config.canonical import pretty_bytes
     from solar.launch.materialize import role_tensors
-    from solar.safetensors_io import write_streaming
+    from solar.safetensors_io import dtype_of, write_streaming
 
     manifest = ckpt.require_valid(source, "CHECKPOINT")
     out = Path(out)
@@ -41,7 +41,7 @@ def export(source: Path, out: Path, log=lambda _: None) -> Path:
                 rel = f"{role}/{kind}.safetensors"
                 (partial / role).mkdir(parents=True, exist_ok=True)
                 with open(partial / rel, "xb") as handle:
-                    write_streaming(handle, {k: (_dtype(v), v.shape) for k, v in tensors.items()},
+                    write_streaming(handle, {k: (dtype_of(v.dtype), v.shape) for k, v in tensors.items()},
                                     lambda k, t=tensors: t[k].read())
                 members.append(rel)
                 log(f"solar: export {rel} ({len(tensors)} tensors)")
@@ -64,17 +64,3 @@ def export(source: Path, out: Path, log=lambda _: None) -> Path:
         shutil.rmtree(partial, ignore_errors=True)
         raise
     return final
-
-
-def _dtype(lazy):
-    """A lazy tensor's dtype, from its (first) file's header."""
-    import torch
-    from safetensors import safe_open
-
-    file, key = lazy.chunks[0][:2] if lazy.chunks is not None else (lazy.file, lazy.key)
-    with safe_open(str(file), framework="pt") as handle:
-        return getattr(torch, _DTYPES[handle.get_slice(key).get_dtype()])
-
-
-_DTYPES = {"F64": "float64", "F32": "float32", "F16": "float16", "BF16": "bfloat16", "I64": "int64",
-           "I32": "int32", "I16": "int16", "I8": "int8", "U8": "uint8", "BOOL": "bool"}

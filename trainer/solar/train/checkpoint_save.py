@@ -20,6 +20,7 @@ from pathlib import Path
 
 import torch
 
+from solar.storage.checkpoints import SHARDS_LAYOUT
 from solar.train import checkpoint_io as io
 
 
@@ -108,7 +109,7 @@ def sharded(step: int, partial: Path, roles: list[RoleCapture], trainer_state: d
         state.update(shards.role_state(rc.role, rc.snap))
     staged = shards.stage(state, staging if staging is not None else Fresh())
     if dist.rank == 0:
-        files = {**files, shards.LAYOUT_FILE: shards.layout_document(state, dist.world),
+        files = {**files, SHARDS_LAYOUT: shards.layout_document(state, dist.world),
                  **{f"{rc.role}/optimizer.json": io.optimizer_document(rc.snap, rc.names) for rc in roles}}
     light = [RoleCapture(rc.role, {}, rc.names, rc.weights) for rc in roles]
     return Capture(step, partial, light, trainer_state, files, shards=staged, group=dist.checkpoint_group())

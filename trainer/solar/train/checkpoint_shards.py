@@ -13,7 +13,7 @@ Tensors are named ``<role>/live/<param>``, ``<role>/ema/<param>`` and
 piece's offsets, so any number of ranks at any sharding reads back just its rows
 (``launch.materialize.role_tensors``). DCP's planner writes a tensor replicated over ranks (a
 ``hybrid_shard`` replica, a buffer) once. The capture copies this rank's shards only into host
-buffers (``Staging.local``) and wraps them as DTensors again, so DCP plans the save from their
+buffers (``stage``: ``Staging.copy`` of each DTensor's local shard) and wraps them as DTensors again, so DCP plans the save from their
 placements and the write never touches the GPU or gathers a whole tensor. The save's collectives
 run on a gloo group of their own (``Dist.checkpoint_group``), so a background write
 (``runtime.async_checkpoint``) never races the training thread's collectives.
@@ -27,14 +27,13 @@ from pathlib import Path
 import torch
 
 from solar.config.canonical import pretty_bytes
+from solar.storage.checkpoints import SHARDS_DIR
 
 # About what one rank's shard file holds at most: DCP's safetensors writer builds a whole file in
 # memory (and copies it once more) before it writes it, so a rank's save holds its largest file twice
 # beside its staged shards (bench/RESULTS.md: 2.1-2.8x the bytes a rank wrote when each rank wrote
 # one file). Tensors are spread over files by their bytes per rank, the same mapping on every rank.
 FILE_BYTES = 256 << 20
-SHARDS_DIR = "shards"
-LAYOUT_FILE = "shards.json"
 LAYOUT_SCHEMA = "solar.checkpoint-shards.v1"
 
 
