@@ -12,7 +12,8 @@ is harder to compress than natural video.
 
     PYTHONPATH=trainer:. python3 bench/gpu/slot_parts.py [decode] [encode] [variants]
 
-``variants`` adds bf16 decodes with cuDNN's autotuner and with channels-last 3D tensors.
+``variants`` adds bf16 decodes with cuDNN's autotuner, with channels-last 3D tensors, and compiled
+(the RMS norms alone, then the decoder's whole per-latent forward).
 
 ``BENCH_LATENTS`` (default 60), ``BENCH_HW`` (default 480x864).
 """
@@ -98,6 +99,35 @@ def decode_case() -> torch.Tensor:
             emit({"bench": "slot_parts", "case": "decode", "dtype": name, "latents": LATENTS, "seconds": round(seconds, 3),
                   "psnr_vs_bf16_db": round(psnr(got, frames[torch.bfloat16]), 2)})
             del out
+        # compiled (still channels-last, autotuned): the RMS norms alone (memory-bound passes fused), then
+        # the decoder's whole per-latent forward
+        from diffusers.models.autoencoders.autoencoder_kl_wan import WanRMS_norm
+
+        x = z.contiguous(memory_format=torch.channels_last_3d)
+        for name in ("bf16+channels_last+compiled_norms", "bf16+channels_last+compiled_decoder"):
+            try:
+                if name.endswith("norms"):
+                    for m in vae.modules():
+                        if isinstance(m, WanRMS_norm):
+                            m.forward = torch.compile(m.forward)
+                else:
+                    vae.decoder.forward = torch.compile(vae.decoder.forward)
+                warm = time.perf_counter()
+                wan_vae.decode(vae, x[:, :, :3])
+                wan_vae.decode(vae, x[:, :, :3])
+                _sync()
+                warm = time.perf_counter() - warm
+                started = time.perf_counter()
+                out = wan_vae.decode(vae, x)
+                _sync()
+                seconds = time.perf_counter() - started
+                got = video.to_uint8(out[0])
+                emit({"bench": "slot_parts", "case": "decode", "dtype": name, "latents": LATENTS,
+                      "seconds": round(seconds, 3), "warm_seconds": round(warm, 1),
+                      "psnr_vs_bf16_db": round(psnr(got, frames[torch.bfloat16]), 2)})
+                del out
+            except Exception as exc:  # noqa: BLE001 - a variant that does not compile is reported, not fatal
+                emit({"bench": "slot_parts", "case": "decode", "dtype": name, "error": f"{type(exc).__name__}: {exc}"[:400]})
         torch.backends.cudnn.benchmark = False
     a, b = frames[torch.float32], frames[torch.bfloat16]
     diff = (a.int() - b.int()).abs()

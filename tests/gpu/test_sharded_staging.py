@@ -60,3 +60,29 @@ def test_this_ranks_shards_land_in_reused_pinned_buffers_with_the_gpu_values(gro
                {f"model/live/{k}": v for k, v in model.state_dict().items()}.items())
     fresh = shards.stage(state, Fresh())
     assert all(not v.to_local().is_pinned() and v.to_local().device.type == "cpu" for v in fresh.values())
+
+
+def test_staged_gpu_shards_save_through_the_checkpoint_group_and_read_back(group, tmp_path):
+    """The staged host DTensors go through DCP over a gloo group (``Dist.checkpoint_group``'s
+    backend) and the shard files hold the GPU's values (``materialize.role_tensors`` reads them)."""
+    from torch.distributed.device_mesh import init_device_mesh
+    from torch.distributed.fsdp import fully_shard
+
+    from solar.launch.materialize import shards as read_shards
+    from solar.train import checkpoint_shards as shards
+    from solar.train.checkpoint_save import Staging
+
+    torch.manual_seed(1)
+    model = torch.nn.Sequential(torch.nn.Linear(32, 48), torch.nn.Linear(48, 16)).cuda()
+    fully_shard(model, mesh=init_device_mesh("cuda", (1,)))
+    state = {f"model/live/{k}": v for k, v in model.state_dict().items()}
+    staging = Staging()
+    staged = shards.stage(state, staging)
+    staging.ready()
+    gloo = dist.new_group(backend="gloo")
+    shards.save(staged, tmp_path, gloo)
+    (tmp_path / "shards.json").write_bytes(shards.layout_document(staged, 1))
+    got = read_shards(tmp_path)   # every tensor assembled from the shard files' pieces
+    assert sorted(got) == sorted(state)
+    for key, value in state.items():
+        assert torch.equal(got[key].read(), value.full_tensor().cpu()), key

@@ -97,8 +97,14 @@ def codec_for(cfg, device: torch.device | None = None):
     from solar.models.codecs import build_codec
 
     codec = build_codec(cfg.model.family, path=cfg.model.vae_path, profile=cfg.model.profile, seed=CODEC_SEED)
-    # torch's own `to`, not diffusers' (which warns on any cast of dtype)
+    # torch's own `to`, not diffusers' (which warns on any cast of dtype); on a GPU the 3D convolutions'
+    # weights channels-last too (with wan_vae.decode_stream's channels-last input and cuDNN's autotuner,
+    # the released Wan 2.2 decode of 60 latents at 480x864: 5.74 -> 5.27 s in bf16 on an H100)
     torch.nn.Module.to(codec.vae, device=device, dtype=decode_dtype(cfg, device))
+    if device is not None and torch.device(device).type == "cuda":
+        for m in codec.vae.modules():
+            if isinstance(m, torch.nn.Conv3d):
+                m.weight.data = m.weight.data.contiguous(memory_format=torch.channels_last_3d)
     return codec
 
 

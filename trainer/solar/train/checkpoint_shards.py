@@ -58,11 +58,29 @@ def stage(state: dict[str, torch.Tensor], staging) -> dict[str, torch.Tensor]:
         t = t.detach()
         if isinstance(t, DTensor):
             local = staging.copy(key, t.to_local())
-            out[key] = DTensor.from_local(local, t.device_mesh, t.placements, run_check=False,
+            out[key] = DTensor.from_local(local, _host_mesh(t.device_mesh), t.placements, run_check=False,
                                           shape=t.shape, stride=t.stride())
         else:
             out[key] = staging.copy(key, t)
     return out
+
+
+def _host_mesh(mesh):
+    """``mesh``'s ranks and dims as a CPU mesh, without new process groups: ``DTensor.from_local``
+    moves a local tensor to its mesh's device, so a GPU mesh would copy the host buffers back to the
+    GPU (seen on an H100 by ``tests/gpu/test_sharded_staging.py``). One per GPU mesh and process."""
+    if mesh.device_type == "cpu":
+        return mesh
+    host = _HOST_MESHES.get(id(mesh))
+    if host is None or host[0] is not mesh:
+        from torch.distributed.device_mesh import DeviceMesh
+
+        host = _HOST_MESHES[id(mesh)] = (mesh, DeviceMesh("cpu", mesh.mesh, mesh_dim_names=mesh.mesh_dim_names,
+                                                          _init_backend=False))
+    return host[1]
+
+
+_HOST_MESHES: dict[int, tuple] = {}
 
 
 def layout_document(state: dict[str, torch.Tensor], world: int) -> bytes:

@@ -64,16 +64,24 @@ def decode_stream(vae, latents: torch.Tensor, tile: int = TILE_LATENTS) -> Itera
     from diffusers.models.autoencoders.autoencoder_kl_wan import unpatchify
 
     z = denormalize(vae, latents.to(next(vae.parameters()).dtype))
+    cuda = z.device.type == "cuda"
+    if cuda:   # channels-last activations for channels-last weights (test_set.codec_for)
+        z = z.contiguous(memory_format=torch.channels_last_3d)
     vae.clear_cache()
     try:
         frames = z.shape[2]
         for start in range(0, frames, tile):
-            x = vae.post_quant_conv(z[:, :, start:start + tile])
-            pieces = []
-            for i in range(x.shape[2]):
-                vae._conv_idx = [0]
-                pieces.append(vae.decoder(x[:, :, i:i + 1], feat_cache=vae._feat_map,
-                                          feat_idx=vae._conv_idx, first_chunk=(start + i == 0)))
+            benchmark = torch.backends.cudnn.benchmark
+            torch.backends.cudnn.benchmark = benchmark or cuda   # the decoder's convolutions autotuned
+            try:
+                x = vae.post_quant_conv(z[:, :, start:start + tile])
+                pieces = []
+                for i in range(x.shape[2]):
+                    vae._conv_idx = [0]
+                    pieces.append(vae.decoder(x[:, :, i:i + 1], feat_cache=vae._feat_map,
+                                              feat_idx=vae._conv_idx, first_chunk=(start + i == 0)))
+            finally:   # restored before the tile leaves: the caller's work runs with its own setting
+                torch.backends.cudnn.benchmark = benchmark
             out = torch.cat(pieces, dim=2)
             if vae.config.patch_size is not None:
                 out = unpatchify(out, patch_size=vae.config.patch_size)
