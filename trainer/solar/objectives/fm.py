@@ -99,5 +99,53 @@ def step_generator(seed: int, step: int, dp_rank: int, micro: int, device: str |
     return torch.Generator(device=device).manual_seed(int.from_bytes(digest, "big") & ((1 << 63) - 1))
 
 
-__all__ = ["gaussian_weights", "masked_mse", "noisy_h3", "noisy_sigma", "sample_h3_times", "sample_ltx_sigmas",
+def clip_generator(seed: int, step: int, position: int, purpose: str = "") -> torch.Generator:
+    """The generator of one clip of a step: keyed by the run's seed, the step and the clip's position in
+    the step's global batch (``first_position`` + i), never by a rank, a reader or a micro-batch size,
+    so any topology with the same global batch draws the same values for the same clip (issue 39), and
+    SP peers (one dp rank, the same positions) agree. ``purpose`` separates independent streams of one
+    clip (Stage2: student and critic)."""
+    import hashlib
+
+    label = f"clip|{seed}|{step}|{position}" + (f"|{purpose}" if purpose else "")
+    digest = hashlib.blake2s(label.encode(), digest_size=8).digest()
+    return torch.Generator().manual_seed(int.from_bytes(digest, "big") & ((1 << 63) - 1))
+
+
+def first_position(dp_rank: int, accumulation: int, micro: int, micro_batch: int) -> int:
+    """The global-batch position of a micro-batch's first clip: the step's clips are dealt to dp ranks
+    in order, each rank's ``accumulation`` micro-batches of ``micro_batch`` clips in order
+    (``solar.data.plan``: reader j of the run reads position j of every step)."""
+    return (dp_rank * accumulation + micro) * micro_batch
+
+
+class ClipDraws:
+    """One generator per clip of a micro-batch (``clip_generator``), and draws stacked over the clips:
+    clip i's values never depend on the micro-batch's size or its other clips."""
+
+    def __init__(self, seed: int, step: int, first: int, count: int, purpose: str = "") -> None:
+        self.gens = [clip_generator(seed, step, first + i, purpose) for i in range(count)]
+
+    def __len__(self) -> int:
+        return len(self.gens)
+
+    def noise(self, shape, device) -> torch.Tensor:
+        """Standard normal noise of ``shape`` (its first dim the clips), each clip's slice from its own
+        generator, drawn on the host (pinned when bound for a GPU) and copied without waiting."""
+        from solar.launch.batch import to_device
+
+        shape = tuple(shape)
+        if shape[0] != len(self.gens):
+            raise ValueError(f"noise for {shape[0]} clips from {len(self.gens)} generators")
+        out = torch.empty(shape, pin_memory=torch.device(device).type == "cuda")
+        for i, g in enumerate(self.gens):
+            torch.randn(shape[1:], generator=g, out=out[i])
+        return to_device(out, device)
+
+    def each(self, draw) -> torch.Tensor:
+        """``draw(generator)`` once per clip (a tensor whose first dim is 1 for that clip), concatenated."""
+        return torch.cat([draw(g) for g in self.gens])
+
+
+__all__ = ["ClipDraws", "clip_generator", "first_position", "gaussian_weights", "masked_mse", "noisy_h3", "noisy_sigma", "sample_h3_times", "sample_ltx_sigmas",
            "sample_wan_sigmas", "shift_sigma", "sigma_table", "step_generator", "drop_decision", "ltx_mu"]
