@@ -4,7 +4,11 @@ The manifest is validated the way the operator validates a new run (the spec mod
 config resolved from ``SOLAR_REPO`` with an empty environment, the fields the job kind cannot
 carry), then the plan is printed as YAML comments and every stage's job as one YAML document, as
 the operator would create it for a first attempt. With ``--storage-root`` a stage whose directory
-already holds a verified checkpoint is shown resuming from it. Discovery (is the backend served,
+already holds a verified checkpoint is shown resuming from it, and when that resume is at another
+topology than the checkpoint's (the manifest's ``status``, as ``kubectl get -o yaml`` prints it,
+gives the shape of earlier attempts for checkpoints without ``data/position.json``), with the old
+and new shape and the stream position; a change of the global batch is refused (TopologyMismatch)
+as the operator refuses it. Discovery (is the backend served,
 does the runtime exist) needs a cluster and is not checked here. An invalid manifest exits 2 with
 ``<reason>: <message>``, the reason the run's ``Validated`` condition would carry.
 """
@@ -21,9 +25,10 @@ from solar.run.spec import SolarRun, first_error
 UID = "<assigned by the API server>"
 
 
-def render(doc: dict, *, default_backend: str, repo: Path, storage_root: Path | None = None) -> tuple[RunPlan, str,
-                                                                                                       list[dict]]:
-    """(plan, backend, one job per stage) of a SolarRun manifest, or RunInvalid."""
+def render(doc: dict, *, default_backend: str, repo: Path, storage_root: Path | None = None,
+           reshapes: dict | None = None) -> tuple[RunPlan, str, list[dict]]:
+    """(plan, backend, one job per stage) of a SolarRun manifest, or RunInvalid. ``reshapes``, when
+    given, receives stage -> Reshape for every stage that resumes at a new shape."""
     from pydantic import ValidationError
 
     from solar.run import resume
@@ -50,11 +55,14 @@ def render(doc: dict, *, default_backend: str, repo: Path, storage_root: Path | 
             files = observe_stage(storage_root / spec.storage.path / p.name, final_step=p.final_step,
                                   validation_step=p.validation_step, generation=p.generation)
         start = resume.planned_start(p, files)
+        reshaped = resume.planned_reshape(p, files, run.status) if storage_root is not None else None
+        if reshaped is not None and reshapes is not None:
+            reshapes[p.name] = reshaped
         out.append(build(api, spec, p, job_name(meta["name"], p.name), attempt=1, resume_from=start.resume_from))
     return plan, backend, out
 
 
-def text(doc: dict, plan: RunPlan, backend: str, built: list[dict]) -> str:
+def text(doc: dict, plan: RunPlan, backend: str, built: list[dict], reshapes: dict | None = None) -> str:
     import yaml
 
     meta = doc["metadata"]
@@ -66,6 +74,8 @@ def text(doc: dict, plan: RunPlan, backend: str, built: list[dict]) -> str:
         sources = ", ".join(f"{role} <- {stage} ({weights})" for role, (stage, weights) in p.sources.items())
         lines.append(f"#   {p.name}: {p.action} {p.route} on {p.nodes}x{p.nproc}, {what}, job "
                      f"{job['metadata']['name']}" + (f"; init {sources}" if sources else ""))
+        if p.name in (reshapes or {}):
+            lines.append(f"#     {reshapes[p.name].summary()}")
     docs = "".join("---\n" + yaml.safe_dump(job, sort_keys=False, width=120) for job in built)
     return "\n".join(lines) + "\n" + docs
 
@@ -98,7 +108,8 @@ def main(argv: list[str], *, repo: Path) -> int:
         _, doc = read_document(args.manifest)
         if not isinstance(doc, dict):
             raise RunInvalid("InvalidSpec", "the manifest is not one SolarRun document")
-        plan, backend, built = render(doc, default_backend=default, repo=repo, storage_root=root)
+        reshapes: dict = {}
+        plan, backend, built = render(doc, default_backend=default, repo=repo, storage_root=root, reshapes=reshapes)
     except RunInvalid as exc:
         print(f"solar-operator render: error: {args.manifest}: {exc.reason}: {' '.join(exc.message.split())}",
               file=sys.stderr)
@@ -106,5 +117,5 @@ def main(argv: list[str], *, repo: Path) -> int:
     except SolarError as exc:
         print(f"solar-operator render: error: {exc}", file=sys.stderr)
         return 2
-    sys.stdout.write(text(doc, plan, backend, built))
+    sys.stdout.write(text(doc, plan, backend, built, reshapes))
     return 0

@@ -125,6 +125,7 @@ def dry_run(path: str, *, workdir: str = "solar-runs", nproc: int | None = None,
 
     out = out or sys.stdout
     spec, name, root, plan = _prepare(path, workdir, nproc)
+    previous = _previous(root / "status.json")
     env = local_env(spec, echo)
     lines = [f"# solar run {name}: {len(plan.stages)} stages in {root}; world size {plan.world_size}, "
              f"global batch {plan.global_batch}"]
@@ -134,13 +135,17 @@ def dry_run(path: str, *, workdir: str = "solar-runs", nproc: int | None = None,
                               generation=p.generation)
         try:
             start = resume.planned_start(p, files)
+            reshaped = resume.planned_reshape(p, files, previous)
         except RunInvalid as exc:
             raise SolarError(f"{path}: {exc.message} ({exc.reason})") from None
         what = f"final checkpoint step {p.final_step}" if p.final_step is not None else "generation"
         lines.append(f"#   {p.name}: {p.action} {p.route} with {p.nproc} process(es), {what} ({start.how})")
-        docs.append({"stage": p.name, "action": p.action, "route": p.route, "stageDir": p.stage_dir,
-                     "command": _argv(p, start.resume_from), "env": env,
-                     "log": str(root / "logs" / f"{p.name}-1.log")})
+        doc = {"stage": p.name, "action": p.action, "route": p.route, "stageDir": p.stage_dir,
+               "command": _argv(p, start.resume_from), "env": env, "log": str(root / "logs" / f"{p.name}-1.log")}
+        if reshaped is not None:
+            lines.append(f"#     {reshaped.summary()}")
+            doc["reshape"] = reshaped.as_dict()
+        docs.append(doc)
     out.write("\n".join(lines) + "\n" + "".join("---\n" + yaml.safe_dump(d, sort_keys=False, width=120)
                                                 for d in docs))
     return 0
@@ -150,10 +155,11 @@ def run_manifest(path: str, *, workdir: str = "solar-runs", nproc: int | None = 
                  echo=lambda m: print(m, file=sys.stderr, flush=True)) -> int:
     spec, name, root, plan = _prepare(path, workdir, nproc)
     status_path = root / "status.json"
-    previous = SolarRunStatus.model_validate(json.loads(status_path.read_text())) if status_path.is_file() else None
+    previous = _previous(status_path)
     if previous is not None and previous.phase in ("Succeeded", "Failed"):
         echo(f"solar run: {name} already {previous.phase.lower()}; see {status_path}")
         return 0 if previous.phase == "Succeeded" else 1
+    _refuse_reshape(path, plan, previous)
     env = local_env(spec, echo)
     root.mkdir(parents=True, exist_ok=True)
     echo(f"solar run: {name}: {len(plan.stages)} stages ({', '.join(s.name for s in plan.stages)}) in {root}")
@@ -171,6 +177,36 @@ def run_manifest(path: str, *, workdir: str = "solar-runs", nproc: int | None = 
         return 130
     _summary(status, root, echo)
     return 0 if status.phase == "Succeeded" else 1
+
+
+def _previous(status_path: Path) -> SolarRunStatus | None:
+    """The run's status.json from an earlier ``solar run`` of it, when there is one."""
+    if not status_path.is_file():
+        return None
+    from pydantic import ValidationError
+
+    try:
+        return SolarRunStatus.model_validate(json.loads(status_path.read_text()))
+    except (ValueError, ValidationError) as exc:
+        raise SolarError(f"{status_path} is not a SolarRun status ({exc}); move it away to start the run over") \
+            from None
+
+
+def _refuse_reshape(path: str, plan: RunPlan, previous: SolarRunStatus | None) -> None:
+    """A continued run whose current stage would resume its checkpoint at another global batch
+    (another --nproc or manifest topology) is refused before anything runs or is written."""
+    from solar.run import resume
+
+    current = next((p for p in plan.stages if previous is None or previous.stage(p.name) is None
+                    or previous.stage(p.name).phase != "Succeeded"), None)
+    if current is None:
+        return
+    files = observe_stage(current.stage_dir, final_step=current.final_step, validation_step=current.validation_step,
+                          generation=current.generation)
+    try:
+        resume.planned_reshape(current, files, previous)
+    except RunInvalid as exc:
+        raise SolarError(f"{path}: {exc.message} ({exc.reason}); --nproc sets gpusPerNode") from None
 
 
 def local_env(spec, echo) -> dict[str, str]:
@@ -215,6 +251,9 @@ def _loop(spec, name: str, plan: RunPlan, status, jobs, status_path: Path, root:
             write_replace(status_path, pretty_bytes(status.model_dump(mode="json", exclude_none=True)))
         if status.phase in ("Succeeded", "Failed"):
             return status
+        held = next((st for st in status.stages if st.reason == "TopologyMismatch"), None)
+        if held is not None and not jobs:   # nothing changes the manifest of a local run while it waits
+            raise SolarError(f"{held.message} (TopologyMismatch); --nproc sets gpusPerNode")
         time.sleep(POLL_SECONDS)
     return status
 

@@ -52,6 +52,7 @@ STAGE_RETRYING = Reason("StageRetrying", "stage {stage} attempt {attempt} failed
                                          "({failures} of backoffLimit {limit})")
 STAGE_SUCCEEDED = Reason("StageSucceeded", "stage {stage} succeeded{what}")
 COMPLETED = Reason("Completed", "every stage succeeded")
+TOPOLOGY_CHANGED = Reason("TopologyChanged", "{detail}")
 JOB_ADOPTED = Reason("JobAdopted", "stage {stage}: found its job {job} (attempt {attempt}) and continued watching it")
 
 # Stage success (success.py): a succeeded job is not yet a succeeded stage

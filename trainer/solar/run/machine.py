@@ -9,7 +9,12 @@ messages in ``conditions``. Stages run in order; the current stage is the first 
     spec.runPolicy.suspend                     -> delete the current job; Suspended (stages whose job
                                                   succeeded unrecorded are recorded first)
     current stage has no job                   -> create one (resume.py: fresh, from the newest
-                                                  verified checkpoint, or NothingToResume)
+                                                  verified checkpoint, or NothingToResume), recording
+                                                  the attempt's topology; resuming at another shape
+                                                  (reshape.py): TopologyChanged, or, when the global
+                                                  batch would change, no job: Validated=False/
+                                                  TopologyMismatch, the stage Pending until the spec
+                                                  is fixed (also reported while suspended)
     a job the status does not know about       -> adopt it (an operator restarted between creating
                                                   a job and recording it)
     job being deleted                          -> wait for it to go
@@ -43,7 +48,7 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 
 from solar.run import conditions as C
-from solar.run import failure, progress_deadline, resume, success, suspend
+from solar.run import failure, progress_deadline, reshape, resume, success, suspend
 from solar.run.observe import StageFiles
 from solar.run.plan import RunInvalid, RunPlan, StagePlan, job_name
 from solar.run.spec import (
@@ -52,6 +57,7 @@ from solar.run.spec import (
     MemoryStatus,
     SolarRunSpec,
     SolarRunStatus,
+    StageAttempt,
     StageStatus,
     StageUsage,
     StatusTopology,
@@ -130,6 +136,7 @@ class _Run:
         self.status = status
         self.decision = Decision(status)
         self.diagnose: Callable[[str], str | None] = lambda stage: None
+        self.plan: RunPlan | None = None
 
     def explained(self, stage: str, message: str) -> str:
         """A failure message with the stage directory's diagnosis appended, when it has one."""
@@ -168,6 +175,7 @@ def reconcile(spec: SolarRunSpec | None, previous: SolarRunStatus | None, obs: O
         raise ValueError("reconcile without a spec needs obs.invalid")
     r = _Run(spec, previous, obs.now, obs.generation, obs.run)
     r.diagnose = obs.diagnose
+    r.plan = obs.plan
     status = r.status
     if previous is not None and previous.phase in TERMINAL:
         for job in previous.jobsToDelete or []:  # the verdict is out, its jobs' deletes are not done yet
@@ -181,8 +189,12 @@ def reconcile(spec: SolarRunSpec | None, previous: SolarRunStatus | None, obs: O
         r.condition(C.VALIDATED, "False", obs.invalid.reason, obs.invalid.message)
         return r.fail(st, obs.invalid.reason, obs.invalid.message)
     plan = obs.plan
+    current = next((st for st in status.stages if st.phase != "Succeeded"), None)
+    refused = _refused(plan, current, obs)
+    if refused is not None:   # no new attempt of the stage until the spec keeps its global batch
+        _mismatch(r, refused)
     message = C.RESOLVED.message(stages=len(plan.stages))
-    if previous is None or not C.is_true(previous.conditions, C.VALIDATED):
+    if refused is None and (previous is None or not C.is_true(previous.conditions, C.VALIDATED)):
         r.event("Normal", C.RESOLVED, message)
         forecasts = [f"{p.name} {p.memory_peak / 2**30:.1f} GiB" + (f" of {p.gpu_memory / 2**30:.0f} GiB"
                                                                      if p.gpu_memory else "")
@@ -192,10 +204,10 @@ def reconcile(spec: SolarRunSpec | None, previous: SolarRunStatus | None, obs: O
     for p in plan.stages:
         if p.memory_peak is not None:
             status.stage(p.name).memory = MemoryStatus(peakBytes=p.memory_peak, gpuMemoryBytes=p.gpu_memory)
-    r.condition(C.VALIDATED, "True", C.RESOLVED, message)
+    if refused is None:
+        r.condition(C.VALIDATED, "True", C.RESOLVED, message)
     status.topology = StatusTopology(worldSize=plan.world_size, logicalDataParallelSize=plan.logical_dp,
                                      globalBatchSize=plan.global_batch)
-    current = next((st for st in status.stages if st.phase != "Succeeded"), None)
     if current is None:
         return _succeeded(r)
     mode = suspend.suspended(spec.runPolicy.suspend, previous.phase if previous else None)
@@ -308,14 +320,55 @@ def _note_usage(status: SolarRunStatus, st: StageStatus, usage: dict | None) -> 
     status.gpuHours = round(sum(s.usage.gpuSeconds for s in status.stages if s.usage) / 3600, 4)
 
 
+def _refused(plan: RunPlan, current: StageStatus | None, obs: Observation) -> reshape.Reshape | None:
+    """The current stage's next attempt, when it would change the global batch of the checkpoint it
+    resumes (asked only while no attempt of it runs: suspended, or its job failed or is gone)."""
+    if current is None:
+        return None
+    job = obs.jobs.get(current.name)
+    if job is not None and not (job.deleting or job.suspended_by_operator or job.phase == "Failed"):
+        return None
+    p = plan.stage(current.name)
+    files = obs.files.get(current.name) or StageFiles(exists=False)
+    found = reshape.of_stage(p, files.latest, files.position, current)
+    return found if found is not None and found.refused else None
+
+
+def _mismatch(r: _Run, found: reshape.Reshape) -> str:
+    """Validated=False/TopologyMismatch (and its Warning once per message)."""
+    message = found.mismatch()
+    before = C.find(r.status.conditions, C.VALIDATED)
+    if before is None or before.status != "False" or before.message != message:
+        r.event("Warning", C.TOPOLOGY_MISMATCH, message)
+    r.condition(C.VALIDATED, "False", C.TOPOLOGY_MISMATCH, message)
+    return message
+
+
+def _record_attempt(st: StageStatus, p: StagePlan, attempt: int, resumed_from: int | None, started: str) -> None:
+    """The topology an attempt starts at (once per attempt)."""
+    if any(a.attempt == attempt for a in st.attempts or []):
+        return
+    st.attempts = [*(st.attempts or []), StageAttempt(attempt=attempt, topology=reshape.attempt_topology(p),
+                                                      resumedFrom=resumed_from, startTime=started)]
+
+
 def _start(r: _Run, st: StageStatus, p: StagePlan, files: StageFiles) -> None:
     attempt = st.attempt + 1
     start = resume.next_start(p, files, attempt)
     if start is None:
         r.fail(st, C.NOTHING_TO_RESUME, C.NOTHING_TO_RESUME.message(stage=st.name, attempt=st.attempt, dir=p.stage_dir))
         return
+    found = reshape.of_stage(p, files.latest, files.position, st) if start.resume_from else None
+    if found is not None and found.refused:
+        message = _mismatch(r, found)
+        r.stage_phase(st, "Pending")
+        st.reason, st.message = C.TOPOLOGY_MISMATCH.name, message
+        r.status.phase = "Pending"
+        r.condition(C.PROGRESSING, "False", C.TOPOLOGY_MISMATCH, message)
+        return
     name = job_name(r.run, st.name)
     r.decision.actions.append(Action("create_job", st.name, name, attempt, start.resume_from))
+    _record_attempt(st, p, attempt, files.latest if start.resume_from else None, iso(r.now))
     st.job, st.attempt = name, attempt
     st.startTime = st.startTime or iso(r.now)
     st.admittedTime = None
@@ -324,6 +377,8 @@ def _start(r: _Run, st: StageStatus, p: StagePlan, files: StageFiles) -> None:
     message = C.STAGE_STARTED.message(stage=st.name, attempt=attempt, how=start.how, job=name)
     r.condition(C.PROGRESSING, "True", C.STAGE_STARTED, message)
     r.event("Normal", C.STAGE_STARTED, message)
+    if found is not None and found.changed:
+        r.event("Normal", C.TOPOLOGY_CHANGED, C.TOPOLOGY_CHANGED.message(detail=f"attempt {attempt}: {found.summary()}"))
     if start.resume_from and files.skipped:
         r.event("Warning", C.CHECKPOINT_SKIPPED, C.CHECKPOINT_SKIPPED.message(
             stage=st.name, attempt=attempt, path=start.resume_from, skipped="; ".join(files.skipped)))
@@ -344,6 +399,9 @@ def _adopt(r: _Run, st: StageStatus, job: JobState) -> None:
     if attempt != st.attempt:  # a new attempt, as _start records one: the last one's failure is not its own
         st.reason = st.message = None
     st.job, st.attempt = job.name, attempt
+    if r.plan is not None:     # created from this plan just before the status that records it was lost
+        _record_attempt(st, r.plan.stage(st.name), attempt, None, iso(job.created if job.created is not None
+                                                                      else r.now))
     st.startTime = st.startTime or iso(job.created if job.created is not None else r.now)
     r.event("Normal", C.JOB_ADOPTED, C.JOB_ADOPTED.message(stage=st.name, job=job.name, attempt=attempt))
 

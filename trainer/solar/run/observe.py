@@ -13,6 +13,7 @@ from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 
+from solar.run.reshape import DataPosition
 from solar.storage import checkpoints as ckpt
 
 
@@ -33,6 +34,7 @@ class StageFiles:
     result_problem: str | None = None       # run-result.json exists but cannot be read as one (names the file)
     marker_problem: str | None = None       # the expected COMPLETE.json exists but cannot be read as one
     skipped: tuple[str, ...] = ()           # newer checkpoints that do not verify ("<path>: <problem>")
+    position: DataPosition | None = None    # the newest verified checkpoint's data/position.json, when it has one
 
 
 def _document(path: Path, what: str) -> tuple[dict | None, str | None]:
@@ -52,6 +54,25 @@ def _document(path: Path, what: str) -> tuple[dict | None, str | None]:
     if not isinstance(doc, dict) or not isinstance(doc.get("status"), str):
         return None, f"{what} {path} is not a {what} document (no status)"
     return doc, None
+
+
+def data_position(checkpoint: Path) -> DataPosition | None:
+    """A checkpoint's ``data/position.json``; None when it has none (written before the file existed)
+    or it does not read as one (the trainer's own resume then says what is wrong)."""
+    from pydantic import ValidationError
+
+    reader = getattr(ckpt, "data_position", None)   # the storage layer's reader, where it has one
+    try:
+        doc = reader(checkpoint) if reader is not None else json.loads((checkpoint / "data" / "position.json")
+                                                                       .read_bytes())
+    except (OSError, ValueError, ckpt.CheckpointError):   # FileNotFoundError: a checkpoint from before the file
+        return None
+    if not isinstance(doc, dict):
+        return None
+    try:
+        return DataPosition.model_validate(doc)
+    except ValidationError:
+        return None
 
 
 def _mtime(paths) -> float | None:
@@ -108,7 +129,8 @@ def observe_stage(stage_dir: str | Path, *, final_step: int | None, validation_s
                       + list((root / "checkpoints").glob("step_*")) + [root / "run-result.json"])
     return StageFiles(True, (root / "launch-manifest.json").is_file(), result, message, error,
                       latest["step"] if latest else None, final, problems, marker, marker_status, activity, usage,
-                      result_problem, marker_problem, tuple(skipped))
+                      result_problem, marker_problem, tuple(skipped),
+                      data_position(root / "checkpoints" / ckpt.step_name(latest["step"])) if latest else None)
 
 
 class LazyStageFiles(Mapping[str, StageFiles]):

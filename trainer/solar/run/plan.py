@@ -61,6 +61,14 @@ class StagePlan:
     gpu_memory: int | None = None    # the declared topology.gpuMemory it fits
     host_memory: int | None = None   # training: forecast peak host memory of the pod holding rank 0
     host_limit: int | None = None    # the container's resources.limits.memory it fits
+    sequence_parallel: int = 1       # the stage's topology (training stages: the batch fields too)
+    micro_batch: int = 1
+    accumulation: int = 1
+    topology_field: str = "spec.topology"   # where the stage's topology is set (the stage's own, else the run's)
+
+    @property
+    def world_size(self) -> int:
+        return self.nodes * self.nproc
 
     def checkpoint_dir(self, step: int) -> str:
         """A checkpoint of this stage as the trainer (the pods) see it."""
@@ -151,7 +159,10 @@ def plan_run(spec: SolarRunSpec, run_root: str, *, repo: str | os.PathLike[str] 
         plans.append(StagePlan(stage.name, index, cfg.action, route.key, stage.config, sets, stage_dir, final,
                                validation_step, cfg.action == "infer" and bool(cfg.validation.passes), sources,
                                nodes=t.nodes, nproc=t.gpusPerNode, memory_peak=peak, gpu_memory=gpu,
-                               host_memory=host, host_limit=limit))
+                               host_memory=host, host_limit=limit, sequence_parallel=t.sequenceParallelSize,
+                               micro_batch=t.microBatchSize, accumulation=t.gradientAccumulation,
+                               topology_field=f"spec.stages[{index}].topology" if stage.topology else
+                               "spec.topology"))
     t = spec.topology
     dp = t.world_size // t.sequenceParallelSize
     return RunPlan(tuple(plans), t.world_size, dp, t.globalBatchSize or dp * t.microBatchSize * t.gradientAccumulation)

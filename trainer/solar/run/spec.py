@@ -242,6 +242,26 @@ class StageUsage(Doc):
     attempts: list[AttemptUsage] = Field(default_factory=list)
 
 
+class AttemptTopology(Doc):
+    nodes: int
+    gpusPerNode: int
+    worldSize: int
+    sequenceParallelSize: int
+    microBatchSize: int | None = Field(None, description="Training stages: clips per rank per micro-batch.")
+    gradientAccumulation: int | None = Field(None, description="Training stages: micro-batches per optimizer step.")
+    globalBatchSize: int | None = Field(None, description="Training stages: worldSize / sequenceParallelSize x "
+                                                          "microBatchSize x gradientAccumulation.")
+
+
+class StageAttempt(Doc):
+    attempt: int
+    topology: AttemptTopology = Field(description="The shape this attempt was started at (spec.topology or the "
+                                                  "stage's own, as they were then).")
+    resumedFrom: int | None = Field(None, description="The checkpoint step it resumed from; none when it started "
+                                                      "fresh (or was adopted, not started, by the operator).")
+    startTime: str | None = None
+
+
 class StageStatus(Doc):
     name: str
     phase: Phase = "Pending"
@@ -258,6 +278,9 @@ class StageStatus(Doc):
     reason: str | None = None
     memory: MemoryStatus | None = None
     usage: StageUsage | None = None
+    attempts: list[StageAttempt] | None = Field(
+        None, description="Every attempt's topology: a suspended or failed stage may resume at another shape "
+                          "with the same global batch (its GPU time per launch is in usage).")
 
 
 class Condition(Doc):
