@@ -2,7 +2,8 @@
 
 Hooks on the real model record what it is fed and what it returns; the expected inputs, targets,
 weights and loss are recomputed here from the formulas of the spec (float64), replaying only the
-documented draw order of the micro-batch generator ``fm.step_generator(seed, step, dp_rank, micro)``.
+documented draw order of each clip's generator ``fm.clip_generator(seed, step, position)``, the
+position being the clip's place in the step's global batch, ``(dp_rank * accumulation + micro) * B + i``.
 """
 
 from __future__ import annotations
@@ -67,6 +68,19 @@ def _run(model, cfg, batch, **kw):
     return loss, records, seen
 
 
+def _gens(cfg, step: int) -> list[torch.Generator]:
+    first = (DP_RANK * cfg.train.gradient_accumulation + MICRO) * B
+    return [fm.clip_generator(cfg.train.seed, step, first + i) for i in range(B)]
+
+
+def _each(gens, draw) -> torch.Tensor:
+    return torch.cat([draw(g) for g in gens])
+
+
+def _noise(gens, shape) -> torch.Tensor:
+    return torch.stack([torch.randn(tuple(shape)[1:], generator=g) for g in gens]).double()
+
+
 def _shifted(s: torch.Tensor, shift: float) -> torch.Tensor:
     return shift * s / (1 + (shift - 1) * s)
 
@@ -77,7 +91,8 @@ def _per_frame_mse(pred: torch.Tensor, target: torch.Tensor) -> torch.Tensor:
 
 def _first_step_dropping(seed: int, probability: float, want: list[bool]) -> int:
     for step in range(1, 10_000):
-        if [fm.drop_decision(seed, step, DP_RANK, MICRO * B + i, probability) for i in range(B)] == want:
+        first = (DP_RANK * 1 + MICRO) * B   # the tiny configs: gradient_accumulation 1
+        if [fm.drop_decision(seed, step, 0, first + i, probability) for i in range(B)] == want:
             return step
     raise AssertionError("no step with the wanted drop pattern")
 
@@ -92,9 +107,10 @@ def test_wan_ti2v_sigma_convention_anchor_and_weight(drops):
     step = _first_step_dropping(cfg.train.seed, p, drops)
     loss, records, seen = _run(model, cfg, batch, step=step)
 
-    gen = fm.step_generator(cfg.train.seed, step, DP_RANK, MICRO)
-    index = torch.randint(0, 1000, (B,), generator=gen)  # one grid level per video
-    eps = torch.randn(batch.latents.shape, generator=gen).double()
+    assert cfg.train.gradient_accumulation == 1
+    gens = _gens(cfg, step)
+    index = torch.stack([torch.randint(0, 1000, (1,), generator=g)[0] for g in gens])  # a grid level per video
+    eps = _noise(gens, batch.latents.shape)
     sigma = _shifted((index + 1).double() / 1000, 5.0)
     grid = 1000 * _shifted(torch.arange(1, 1001, dtype=torch.float64) / 1000, 5.0)
     gauss = torch.exp(-2 * ((grid - 500) / 1000) ** 2)
@@ -151,9 +167,10 @@ def test_wan_draws_do_not_depend_on_the_drop_and_follow_the_micro_batch_identity
 def test_wan_uniform_weighting_drops_the_gaussian_weight():
     cfg, model, batch = _setup("wan22_ti2v_5b", "train.fm.weighting=uniform", "train.fm.image_condition_dropout=0.0")
     loss, _, seen = _run(model, cfg, batch)
-    gen = fm.step_generator(cfg.train.seed, STEP, DP_RANK, MICRO)
-    torch.randint(0, 1000, (B,), generator=gen)
-    eps = torch.randn(batch.latents.shape, generator=gen).double()
+    gens = _gens(cfg, STEP)
+    for g in gens:
+        torch.randint(0, 1000, (1,), generator=g)
+    eps = _noise(gens, batch.latents.shape)
     err = _per_frame_mse(seen["out"], eps - batch.latents.double())[:, 1:]
     assert loss.item() == pytest.approx(err.mean().item(), rel=1e-5)
 
@@ -164,9 +181,9 @@ def test_a14b_scalar_timestep_condition_channels_and_drop():
     cfg, model, batch = _setup("wan22_i2v_a14b", "train.fm.image_condition_dropout=1.0")
     assert cfg.model.timestep_shift == 3.0
     loss, records, seen = _run(model, cfg, batch)
-    gen = fm.step_generator(cfg.train.seed, STEP, DP_RANK, MICRO)
-    index = torch.randint(0, 1000, (B,), generator=gen)
-    eps = torch.randn(batch.latents.shape, generator=gen).double()
+    gens = _gens(cfg, STEP)
+    index = torch.stack([torch.randint(0, 1000, (1,), generator=g)[0] for g in gens])
+    eps = _noise(gens, batch.latents.shape)
     sigma = _shifted((index + 1).double() / 1000, 3.0)
     x0 = batch.latents.double()
     assert seen["args"][1].shape == (B,)  # [B]: one level per video, no anchored frame
@@ -192,12 +209,15 @@ def test_ltx_logit_normal_sigmas_and_clean_first_latent():
     loss, records, seen = _run(model, cfg, batch)
     tokens = FRAMES * H * W
     mu = 0.95 + (2.05 - 0.95) * (tokens - 1024) / (4096 - 1024)  # LTX's resolution-dependent shift
-    gen = fm.step_generator(cfg.train.seed, STEP, DP_RANK, MICRO)
-    normal = torch.randn(B, generator=gen).double() * f.logit_normal_std + mu
-    uniform = torch.rand(B, generator=gen).double()
-    use_uniform = torch.rand(B, generator=gen).double() < f.uniform_probability
+    gens = _gens(cfg, STEP)
+    draws = [(torch.randn(1, generator=g).double(), torch.rand(1, generator=g).double(),
+              torch.rand(1, generator=g).double(), torch.randn(tuple(batch.latents.shape)[1:], generator=g).double())
+             for g in gens]   # per clip: normal, uniform, the choice, then its noise
+    normal = torch.cat([d[0] for d in draws]) * f.logit_normal_std + mu
+    uniform = torch.cat([d[1] for d in draws])
+    use_uniform = torch.cat([d[2] for d in draws]) < f.uniform_probability
     sigma = torch.where(use_uniform, uniform, torch.sigmoid(normal)).clamp(f.logit_normal_eps, 1 - f.logit_normal_eps)
-    eps = torch.randn(batch.latents.shape, generator=gen).double()
+    eps = torch.stack([d[3] for d in draws])
 
     x_fed, t_fed = seen["args"][0], seen["args"][1]
     assert torch.equal(x_fed[:, :, 0], batch.latents[:, :, 0])  # bit-equal clean condition
@@ -223,12 +243,16 @@ def test_h3_reversed_time_anchor_and_encoded_silence():
     silence = torch.randn(2, 6, model.cfg.audio_in_channels, generator=torch.Generator().manual_seed(4))
     loss, records, seen = _run(model, cfg, batch, audio_silence=silence)
 
-    gen = fm.step_generator(cfg.train.seed, STEP, DP_RANK, MICRO)
-    t = 1 - _shifted(torch.rand(B, generator=gen).double().clamp(1e-4, 1.0), 12.0)
-    eps = torch.randn(batch.latents.shape, generator=gen).double()
-    anchor_eps = torch.randn((B, batch.latents.shape[1], 1, H, W), generator=gen).double()
-    t_audio = 1 - _shifted(torch.rand(B, generator=gen).double().clamp(1e-4, 1.0), cfg.model.audio_timestep_shift)
-    audio_eps = torch.randn((B, *silence.shape), generator=gen).double()
+    gens = _gens(cfg, STEP)
+    draws = [(torch.rand(1, generator=g).double(), torch.randn(tuple(batch.latents.shape)[1:], generator=g).double(),
+              torch.randn((batch.latents.shape[1], 1, H, W), generator=g).double(),
+              torch.rand(1, generator=g).double(), torch.randn(tuple(silence.shape), generator=g).double())
+             for g in gens]   # per clip: time, noise, anchor noise, audio time, audio noise
+    t = 1 - _shifted(torch.cat([d[0] for d in draws]).clamp(1e-4, 1.0), 12.0)
+    eps = torch.stack([d[1] for d in draws])
+    anchor_eps = torch.stack([d[2] for d in draws])
+    t_audio = 1 - _shifted(torch.cat([d[3] for d in draws]).clamp(1e-4, 1.0), cfg.model.audio_timestep_shift)
+    audio_eps = torch.stack([d[4] for d in draws])
 
     x0 = batch.latents.double()
     x_fed, t_fed, kw = seen["args"][0], seen["args"][1], seen["kwargs"]

@@ -520,7 +520,9 @@ def source_problem(target: Route, source: dict, cfg: RunConfig, *, resume: bool)
     if source.get("parameterization") != families.spec(target.family).parameterization:
         return f"its parameterization is {source.get('parameterization')}"
     if resume:
-        for key in ("stage", "causal_mode", "objective", "objective_variant", "sequence_parallel_size"):
+        # not the SP degree: a resume may change the topology, keeping the global batch (issue 39;
+        # ``train.sources.preflight_sources`` compares that with the checkpoint's data/position.json)
+        for key in ("stage", "causal_mode", "objective", "objective_variant"):
             expected = checkpoint_contract(cfg, target)[key]
             if source.get(key) != expected:
                 return f"a full resume needs {key} {expected!r}, the checkpoint has {source.get(key)!r}"

@@ -11,6 +11,7 @@ from solar.data.index import load_table
 from solar.data.layout import Layout, layout_for
 from solar.data.plan import PlanParams
 from solar.data.stream import ClipSource, GuardSettings, RankStream
+from solar.errors import DataError
 
 
 def index_path(cfg: RunConfig, which: str) -> Path:
@@ -24,14 +25,41 @@ def layout_of(cfg: RunConfig) -> Layout:
                       text_dim=effective_dims(cfg).text_dim)
 
 
-def plan_params(cfg: RunConfig) -> PlanParams:
-    d = cfg.data
+def plan_params(cfg: RunConfig, plan_nodes: int | None = None) -> PlanParams:
+    """The training plan: its readers are the run's global-batch positions (times ``data.num_workers``),
+    not its ranks, so the plan — and which clip fills position j of every step — is the same at any
+    topology with the same global batch (issue 39). With one clip per dp rank and step and one worker
+    this is semantics.md §3's plan of logical dp ranks. ``plan_nodes`` (``node_shard``): the node count
+    the plan spreads shard groups over, fixed at the run's first launch (its data state records it)."""
+    d, t = cfg.data, cfg.train
+    batch = t.global_batch_size or global_batch(cfg)
+    nodes = plan_nodes or launch_nodes(cfg)
+    if batch % nodes:
+        nodes = 1
+    return PlanParams(seed=d.seed, pixel_frames=d.pixel_frames, world_size=batch, sequence_parallel_size=1,
+                      local_world_size=batch // nodes, num_workers=d.num_workers, mode=d.sampling,
+                      shuffle_buffer=d.shuffle_buffer, random_start=d.random_start)
+
+
+def global_batch(cfg: RunConfig) -> int:
+    t, dist = cfg.train, cfg.distributed
+    return dist.world_size // dist.sequence_parallel_size * t.micro_batch_size * t.gradient_accumulation
+
+
+def launch_nodes(cfg: RunConfig) -> int:
     local = os.environ.get("LOCAL_WORLD_SIZE")
-    return PlanParams(seed=d.seed, pixel_frames=d.pixel_frames, world_size=cfg.distributed.world_size,
-                      sequence_parallel_size=cfg.distributed.sequence_parallel_size,
-                      local_world_size=int(local) if local and local.isdigit() else None,
-                      num_workers=d.num_workers, mode=d.sampling, shuffle_buffer=d.shuffle_buffer,
-                      random_start=d.random_start)
+    world = cfg.distributed.world_size
+    per_node = int(local) if local and local.isdigit() and int(local) > 0 else world
+    return max(1, world // per_node)
+
+
+def rank_positions(cfg: RunConfig, rank: int) -> list[int]:
+    """The global-batch positions ``rank`` fills each step, in the order it consumes clips: its dp
+    rank's ``gradient_accumulation`` micro-batches of ``micro_batch_size`` clips (SP peers: the same)."""
+    t, dist = cfg.train, cfg.distributed
+    per = t.micro_batch_size * t.gradient_accumulation
+    dp = rank // dist.sequence_parallel_size
+    return list(range(dp * per, (dp + 1) * per))
 
 
 def guard_settings(cfg: RunConfig) -> GuardSettings:
@@ -41,7 +69,17 @@ def guard_settings(cfg: RunConfig) -> GuardSettings:
 
 
 def train_stream(cfg: RunConfig, rank: int, state: dict | None = None) -> RankStream:
+    """This rank's training stream; ``state``: a full resume's (``stream.merge_states`` of every rank's
+    saved state, at any topology with the same global batch)."""
+    batch = cfg.train.global_batch_size or global_batch(cfg)
+    if state is not None and state.get("global_batch_size") not in (None, batch):
+        raise DataError(f"the checkpoint's data stream was saved with global batch {state['global_batch_size']}, "
+                        f"this run's is {batch}: a full resume keeps the global batch (world / sequence parallel "
+                        "x train.micro_batch_size x train.gradient_accumulation)")
     index = index_path(cfg, "train_index")
     source = ClipSource(str(index), load_table(index), cfg.data.root, layout_of(cfg),
                         cfg.data.pixel_frames, guard_settings(cfg))
-    return RankStream(source, plan_params(cfg), rank, state)
+    params = plan_params(cfg, (state or {}).get("plan_nodes"))
+    stream = RankStream(source, params, rank, state, positions=rank_positions(cfg, rank))
+    stream.global_batch_size, stream.plan_nodes = batch, params.nodes
+    return stream

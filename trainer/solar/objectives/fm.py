@@ -79,7 +79,9 @@ def masked_mse(pred: torch.Tensor, target: torch.Tensor, frame_mask_BF: torch.Te
 
 
 def drop_decision(seed: int, step: int, dp_rank: int, index: int, probability: float) -> bool:
-    """Whether sample ``index`` of this step drops its image condition: a hash, so no RNG is used."""
+    """Whether sample ``index`` of this step drops its image condition: a hash, so no RNG is used.
+    Keyed by the clip's global-batch position (issue 39): callers pass ``dp_rank=0`` and the position
+    (``first_position(...) + i``) as ``index``, so the decision does not depend on the topology."""
     if probability <= 0:
         return False
     import hashlib
@@ -129,18 +131,20 @@ class ClipDraws:
     def __len__(self) -> int:
         return len(self.gens)
 
-    def noise(self, shape, device) -> torch.Tensor:
+    def noise(self, shape, device, clips=None) -> torch.Tensor:
         """Standard normal noise of ``shape`` (its first dim the clips), each clip's slice from its own
-        generator, drawn on the host (pinned when bound for a GPU) and copied without waiting."""
-        from solar.launch.batch import to_device
-
+        generator, drawn on the host (pinned when bound for a GPU) and copied without waiting.
+        ``clips``: only these clips draw (the others' slices are zeros and their generators untouched;
+        Stage2's re-noising of a clip still before its exit level)."""
         shape = tuple(shape)
         if shape[0] != len(self.gens):
             raise ValueError(f"noise for {shape[0]} clips from {len(self.gens)} generators")
-        out = torch.empty(shape, pin_memory=torch.device(device).type == "cuda")
-        for i, g in enumerate(self.gens):
-            torch.randn(shape[1:], generator=g, out=out[i])
-        return to_device(out, device)
+        drawing = range(len(self.gens)) if clips is None else clips
+        cuda = torch.device(device).type == "cuda"
+        out = torch.empty(shape, pin_memory=cuda) if clips is None else torch.zeros(shape, pin_memory=cuda)
+        for i in drawing:
+            torch.randn(shape[1:], generator=self.gens[i], out=out[i])
+        return out.to(device, non_blocking=cuda)   # from pinned memory: no wait (as launch.batch.host_noise)
 
     def each(self, draw) -> torch.Tensor:
         """``draw(generator)`` once per clip (a tensor whose first dim is 1 for that clip), concatenated."""

@@ -315,3 +315,21 @@ def require_valid(path: str | os.PathLike[str], what: str, contract: dict | None
     if not report["valid"]:
         raise CheckpointError(f"{what} {path} is not usable: {'; '.join(report['problems'])}")
     return read_manifest(path)
+
+
+DATA_POSITION = "data/position.json"
+
+
+def data_position(checkpoint: str | Path) -> dict | None:
+    """A checkpoint's ``data/position.json`` (``solar.data-position.v1``: step, global batch, the
+    topology it was saved with, the readers' epochs), or None for a checkpoint from before it."""
+    path = Path(checkpoint) / DATA_POSITION
+    try:
+        doc = json.loads(path.read_text())
+    except FileNotFoundError:
+        return None
+    except (OSError, ValueError) as exc:
+        raise CheckpointError(f"{path} is unreadable: {exc}") from None
+    if not isinstance(doc, dict) or doc.get("schema") != "solar.data-position.v1":
+        raise CheckpointError(f"{path} is not a solar.data-position.v1 document")
+    return doc

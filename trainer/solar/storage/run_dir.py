@@ -27,11 +27,18 @@ from solar.storage.atomic import write_create_only, write_replace
 
 LAUNCH_SCHEMA = "solar.launch.v1"
 RESULT_SCHEMA = "solar.run-result.v1"
-# Keys a resume may change without making it another run.
-# Keys a full resume may change. Checkpoints hold whole tensors, so a resume may shard differently (or
-# not at all); the world, SP and data layout the per-rank states belong to may not change.
+# Keys a full resume may change without making it another run. Checkpoints hold whole tensors or
+# shards any topology reads, the data stream's state is kept by reader (global-batch position), not by
+# rank, and every training draw is keyed by its clip, so the topology may change — world, SP, sharding,
+# activation checkpointing, micro-batch and accumulation — as long as the global batch
+# (train.global_batch_size, which stays) does not (issue 39).
 RESUME_KEYS = (("checkpoint", "mode"), ("checkpoint", "path"), ("checkpoint", "weights"),
-               ("checkpoint", "roles"), ("runtime", "exit_after_step"), ("distributed", "sharding"))
+               ("checkpoint", "roles"), ("runtime", "exit_after_step"),
+               ("distributed", "world_size"), ("distributed", "sequence_parallel_size"), ("distributed", "backend"),
+               ("distributed", "sharding"), ("distributed", "activation_checkpointing"),
+               ("distributed", "activation_checkpointing_policy"),
+               ("distributed", "activation_checkpointing_skip_blocks"), ("distributed", "timeout_seconds"),
+               ("train", "micro_batch_size"), ("train", "gradient_accumulation"))
 
 
 def code_revision(repo: Path | None = None) -> dict:
@@ -85,8 +92,8 @@ def prepare(output_dir: Path, resolved, *, resuming: bool) -> None:
     recorded = json.loads(existing.read_text()).get("launch_identity_digest")
     if recorded != launch_identity_digest(resolved.config_dict):
         raise SolarError(f"{output_dir} holds a run with a different configuration; a full resume must use the "
-                         "same config (only checkpoint.mode/path/weights/roles, runtime.exit_after_step and distributed.sharding "
-                         "may change)")
+                         "same config (only checkpoint.mode/path/weights/roles, runtime.exit_after_step, the distributed "
+                         "block and train.micro_batch_size/gradient_accumulation may change, keeping the global batch)")
 
 
 def write_launch(output_dir: Path, resolved, init: dict) -> None:

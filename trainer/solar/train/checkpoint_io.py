@@ -7,7 +7,8 @@ Layout inside ``step_NNNNNNNN/`` (roles: ``model`` for single-model routes; Stag
     <role>/ema.safetensors        fp32 EMA of the trainable weights (when it exists)
     <role>/optimizer.safetensors  AdamW moments per parameter name; <role>/optimizer.json the rest
     rng/rank-NNNNN.json           every rank's Python and torch RNG states
-    data/rank-NNNNN.json          every rank's data-stream state
+    data/rank-NNNNN.json          every rank's data-stream state (its readers, keyed by reader id)
+    data/position.json            the stream's position without ranks (step, global batch, shape)
     trainer.json                  step counters, EMA bookkeeping
 
 Loading uses ``safetensors`` and ``json`` only: no pickle anywhere.
@@ -178,11 +179,37 @@ def rank_state_files(rank: int, *, data_state: dict) -> dict[str, bytes]:
 
 
 def load_rank_state(path: Path, rank: int) -> dict:
+    """A full resume's data-stream state (every rank's saved state merged: readers are keyed by id, so
+    any topology with the same global batch takes the readers of its own positions) and, when the
+    checkpoint was saved at this world size, this rank's RNG states (at another world size the RNGs are
+    not restored: no training draw uses them, every one is keyed by its clip; issue 39)."""
+    import torch.distributed as dist
+
+    from solar.data.stream import merge_states
+    from solar.errors import DataError
+
+    files = sorted((path / "data").glob("rank-*.json"))
+    if not files:
+        raise CheckpointError(f"{path} holds no data stream state (data/rank-NNNNN.json)")
     try:
-        rng = json.loads((path / "rng" / f"rank-{rank:05d}.json").read_text())
-        data = json.loads((path / "data" / f"rank-{rank:05d}.json").read_text())
-    except FileNotFoundError as exc:
-        raise CheckpointError(f"{path} lacks rank {rank}'s state ({Path(exc.filename).name}); was it saved "
-                              "with another world size?") from None
-    set_rng_state(rng)
+        data = merge_states([json.loads(f.read_text()) for f in files])
+    except DataError as exc:
+        raise CheckpointError(f"{path}: {exc}") from None
+    world = dist.get_world_size() if dist.is_available() and dist.is_initialized() else 1
+    rng_files = sorted((path / "rng").glob("rank-*.json"))
+    if len(rng_files) == world and (path / "rng" / f"rank-{rank:05d}.json").is_file():
+        set_rng_state(json.loads((path / "rng" / f"rank-{rank:05d}.json").read_text()))
+    elif "global_batch_size" not in data and len(files) != world:
+        raise CheckpointError(f"{path} was saved at world size {len(files)} before data positions were kept "
+                              f"apart from ranks; resume it at world size {len(files)}")
     return data
+
+
+def position_file(step: int, data_state: dict, saved_with: dict, epochs: tuple[int, int]) -> dict[str, bytes]:
+    """``data/position.json`` (rank 0): where the stream stands without ranks — the step, the global
+    batch, the topology it was saved with and the readers' epochs; what ``solar run --dry-run`` and the
+    operator show for a resume at another shape (``storage.checkpoints.data_position`` reads it)."""
+    doc = {"schema": "solar.data-position.v1", "step": step,
+           "global_batch_size": data_state.get("global_batch_size"), "plan_nodes": data_state.get("plan_nodes"),
+           "saved_with": saved_with, "epochs": list(epochs)}
+    return {"data/position.json": json.dumps(doc, sort_keys=True).encode()}

@@ -304,7 +304,16 @@ class Loop:
             capture = self.stage2.capture(self, partial, step, staging)
         else:
             capture = self._capture_model(partial, step, staging)
-        capture.files.update(io.rank_state_files(d.rank, data_state=p.stream.state_dict()))
+        data_state = p.stream.state_dict()
+        capture.files.update(io.rank_state_files(d.rank, data_state=data_state))
+        epochs = [r["epoch"] for r in data_state["readers"].values()]
+        spans = d.all_gather_object((min(epochs), max(epochs)), "checkpoint-data-epochs")
+        if d.rank == 0:
+            t = self.resolved.config.train
+            capture.files.update(io.position_file(
+                step, data_state, {"world_size": d.world, "nproc_per_node": d.local_world, "sequence_parallel_size": d.sp,
+                                   "micro_batch_size": t.micro_batch_size, "gradient_accumulation": t.gradient_accumulation},
+                (min(lo for lo, _ in spans), max(hi for _, hi in spans))))
         if self.fault is not None:
             capture.inject = faults.storage_error(self.fault, step, d.rank, partial)
         # A volume that cannot hold the checkpoint ends the run now, naming the bytes, instead of

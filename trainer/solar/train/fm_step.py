@@ -1,8 +1,11 @@
 """The Stage0.5 flow-matching loss of each family on one micro-batch (semantics.md §4).
 
-Noise and timesteps come from a generator derived from (seed, step, dp rank, micro-batch), so SP
-peers draw the same values and a resumed run draws what the uninterrupted one would have; the
-image-condition drop is a hash (no RNG). Returns the mean weighted loss and per-sample records
+Noise and timesteps come from each clip's own generator (``fm.ClipDraws``: the run's seed, the
+step and the clip's position in the step's global batch), so SP peers draw the same values, a resumed
+run draws what the uninterrupted one would have, and any topology with the same global batch draws the
+same values for the same clip (issue 39). Per clip, in order: Wan its sigma, then its noise; LTX its
+sigma (normal, uniform, choice), then its noise; H3 its time, noise, anchor noise, audio time, audio
+noise. The image-condition drop is a hash of (seed, step, position) (no RNG). Returns the mean weighted loss and per-sample records
 (each record's ``loss`` a 0-d tensor until ``engine.read_records`` reads them all at once).
 """
 
@@ -11,7 +14,7 @@ from __future__ import annotations
 import torch
 
 from solar.config.schema import RunConfig
-from solar.launch.batch import Batch, host_noise, to_device
+from solar.launch.batch import Batch, to_device
 from solar.objectives import fm
 
 
@@ -25,17 +28,18 @@ def fm_loss(model, cfg: RunConfig, batch: Batch, *, step: int, dp_rank: int, mic
     x0 = batch.latents
     B, _, frames, _, _ = x0.shape
     device = x0.device
-    gen = fm.step_generator(cfg.train.seed, step, dp_rank, micro)
+    first = fm.first_position(dp_rank, cfg.train.gradient_accumulation, micro, B)
+    draws = fm.ClipDraws(cfg.train.seed, step, first, B)
     settings = cfg.train.fm
-    drops = [fm.drop_decision(cfg.train.seed, step, dp_rank, micro * B + i, settings.image_condition_dropout or 0.0)
+    drops = [fm.drop_decision(cfg.train.seed, step, 0, first + i, settings.image_condition_dropout or 0.0)
              for i in range(B)]
     mask = torch.ones(B, frames, device=device)
     records = []
     if family == "minimax_h3":
-        t = fm.sample_h3_times(B, cfg.model.timestep_shift, gen)
-        eps = host_noise(x0.shape, gen, device)
-        anchor_eps = host_noise(x0[:, :, :1].shape, gen, device)
-        t_audio = fm.sample_h3_times(B, cfg.model.audio_timestep_shift, gen)
+        t = draws.each(lambda g: fm.sample_h3_times(1, cfg.model.timestep_shift, g))
+        eps = draws.noise(x0.shape, device)
+        anchor_eps = draws.noise(x0[:, :, :1].shape, device)
+        t_audio = draws.each(lambda g: fm.sample_h3_times(1, cfg.model.audio_timestep_shift, g))
         k = settings.keyframe_anchor_t
         anchor = k * x0[:, :, :1] + (1 - k) * anchor_eps
         t_d, t_audio_d = to_device(t, device), to_device(t_audio, device)
@@ -43,7 +47,7 @@ def fm_loss(model, cfg: RunConfig, batch: Batch, *, step: int, dp_rank: int, mic
         audio = None
         if audio_silence is not None:
             silence = to_device(audio_silence, device).expand(B, *audio_silence.shape)
-            audio_eps = host_noise(silence.shape, gen, device)
+            audio_eps = draws.noise(silence.shape, device)
             audio = fm.noisy_h3(silence, audio_eps, t_audio_d)
         pred = model(x_t, t_d, batch.prompt, anchor=anchor, audio=audio, audio_timestep=t_audio_d,
                      cameras=batch.cameras)
@@ -52,14 +56,17 @@ def fm_loss(model, cfg: RunConfig, batch: Batch, *, step: int, dp_rank: int, mic
     else:
         if family == "ltx25_video":
             d = settings
-            sigma = fm.sample_ltx_sigmas(B, frames * x0.shape[3] * x0.shape[4], gen, std=d.logit_normal_std,
-                                         eps=d.logit_normal_eps, uniform_probability=d.uniform_probability)
+            tokens = frames * x0.shape[3] * x0.shape[4]
+            sigma = draws.each(lambda g: fm.sample_ltx_sigmas(1, tokens, g, std=d.logit_normal_std,
+                                                              eps=d.logit_normal_eps,
+                                                              uniform_probability=d.uniform_probability))
             weight = torch.ones(B)
         else:
-            sigma, weight = fm.sample_wan_sigmas(B, cfg.model.timestep_shift, gen)
+            pairs = [fm.sample_wan_sigmas(1, cfg.model.timestep_shift, g) for g in draws.gens]
+            sigma, weight = torch.cat([a for a, _ in pairs]), torch.cat([b for _, b in pairs])
             if settings.weighting != "gaussian":
                 weight = torch.ones(B)
-        eps = host_noise(x0.shape, gen, device)
+        eps = draws.noise(x0.shape, device)
         sigma_d = to_device(sigma, device)
         x = fm.noisy_sigma(x0, eps, sigma_d)
         t_frames = _frames_time(sigma_d * fm.NUM_TRAIN_TIMESTEPS, frames)

@@ -138,9 +138,11 @@ def _check(resolved, out: Path, resuming: bool, device) -> None:
     problem = launch_problem(cfg.model.fp8_linear, device)
     if problem:
         raise SolarError(problem)
-    run_dir.prepare(out, resolved, resuming=resuming)
-    from solar.train.sources import preflight_sources
+    from solar.train.sources import preflight_sources, require_global_batch
 
+    if cfg.checkpoint.mode == "full_resume":   # a changed global batch named as such, before the run's own check
+        require_global_batch(cfg, cfg.checkpoint.path)
+    run_dir.prepare(out, resolved, resuming=resuming)
     preflight_sources(resolved)
     run = cfg.runtime
     if cfg.validation.passes and (run.validate_every or run.validation_steps):

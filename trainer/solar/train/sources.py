@@ -7,7 +7,7 @@ from __future__ import annotations
 from solar.config.contracts import source_problem
 from solar.config.resolve import Resolved
 from solar.launch.weights import require_base
-from solar.storage.checkpoints import CheckpointError, require_valid
+from solar.storage.checkpoints import CheckpointError, data_position, require_valid
 
 
 def preflight_sources(resolved: Resolved) -> None:
@@ -64,3 +64,22 @@ def check_roles(cfg, route) -> dict[str, dict]:
 def fm_objective(family: str) -> str:
     """The flow-matching objective a family's Stage0.5 checkpoints record."""
     return "native_rectified_flow" if family == "ltx25_video" else "flow_matching"
+
+
+def require_global_batch(cfg, path: str) -> None:
+    """A full resume may change the topology (world, nodes, SP, micro-batch, accumulation) but not the
+    global batch: that would change the recipe (issue 39)."""
+    position = data_position(path)
+    if position is None or position.get("global_batch_size") is None:
+        return
+    saved, batch = position["global_batch_size"], cfg.train.global_batch_size
+    if batch is not None and saved != batch:
+        w = position.get("saved_with") or {}
+        t = cfg.train
+        dp = cfg.distributed.world_size // cfg.distributed.sequence_parallel_size
+        keep = saved // (dp * t.micro_batch_size) if saved % (dp * t.micro_batch_size) == 0 else None
+        hint = f"; train.gradient_accumulation={keep} keeps it at this topology" if keep else ""
+        raise CheckpointError(f"checkpoint.path {path} was saved with global batch {saved} (world {w.get('world_size')}, "
+                              f"SP {w.get('sequence_parallel_size')}, micro-batch {w.get('micro_batch_size')}, "
+                              f"accumulation {w.get('gradient_accumulation')}); this run's is {batch}: a full resume "
+                              f"keeps the global batch{hint}")
