@@ -99,3 +99,80 @@ def test_render_refuses_an_invalid_manifest_with_the_reason_the_run_would_carry(
     proc = _operator(str(_manifest(tmp_path, **edit)))
     assert proc.returncode == 2 and proc.stderr.count("\n") == 1 and reason in proc.stderr, proc.stderr
     assert proc.stdout == ""
+
+
+def _resumable(root, *, saved_with=None):
+    """A tiny-wan fm stage directory holding checkpoint step 2 (with a data position when
+    ``saved_with`` is given) and the launch that wrote it."""
+    from tests.integration.world import write_checkpoint
+
+    stage = (root / "tiny-wan" / "fm").resolve()
+    write_checkpoint(stage, 2, saved_with=saved_with)
+    (stage / "launch-manifest.json").write_text('{"schema": "solar.launch.v1", "name": "tiny-wan"}')
+    return stage
+
+
+WORLD_2 = {"world_size": 2, "nproc_per_node": 2}   # saved at world 2, accumulation 1: global batch 2
+
+
+def test_render_shows_a_resume_at_a_new_shape_and_refuses_a_new_global_batch(tmp_path):
+    root = tmp_path / "storage"
+    _resumable(root, saved_with=WORLD_2)
+    topology = {"nodes": 1, "gpusPerNode": 1, "gradientAccumulation": 2}
+    proc = _operator(str(_manifest(tmp_path, topology=topology)), "--storage-root", str(root))
+    assert proc.returncode == 0, proc.stderr
+    line = next(x for x in proc.stdout.splitlines() if "resumes checkpoint step 2" in x)
+    assert "world 2 (1 node x 2), SP 1, microBatchSize 1, gradientAccumulation 1 -> world 1 (1 node x 1)" in line
+    assert "gradientAccumulation 2 (global batch 2 kept)" in line
+    assert "stream position step 2, 4 clips of the global order consumed (epoch 0)" in line
+    fm = next(d for d in yaml.safe_load_all(proc.stdout) if d)
+    args = fm["spec"]["pytorchReplicaSpecs"]["Master"]["template"]["spec"]["containers"][0]["args"]
+    assert "checkpoint.path=/runs/tiny-wan/fm/checkpoints/step_00000002" in args
+    assert "distributed.world_size=1" in args and "train.gradient_accumulation=2" in args
+
+    proc = _operator(str(_manifest(tmp_path, topology={"nodes": 1, "gpusPerNode": 1})), "--storage-root", str(root))
+    assert proc.returncode == 2 and proc.stderr.count("\n") == 1 and proc.stdout == ""
+    assert "TopologyMismatch: stage fm: spec.topology would change the global batch from 2 to 1" in proc.stderr
+    assert "{gradientAccumulation: 2, microBatchSize: 1}" in proc.stderr
+
+
+def test_render_takes_the_old_shape_of_a_checkpoint_without_position_from_the_manifests_status(tmp_path):
+    root = tmp_path / "storage"
+    _resumable(root)
+    doc = yaml.safe_load(_manifest(tmp_path, topology={"nodes": 1, "gpusPerNode": 1, "gradientAccumulation": 2})
+                         .read_text())
+    doc["status"] = {"phase": "Suspended", "stages": [{"name": "fm", "phase": "Suspended", "attempt": 1, "attempts": [
+        {"attempt": 1, "topology": {"nodes": 1, "gpusPerNode": 2, "worldSize": 2, "sequenceParallelSize": 1,
+                                    "microBatchSize": 1, "gradientAccumulation": 1, "globalBatchSize": 2}}]}]}
+    (tmp_path / "run.yaml").write_text(yaml.safe_dump(doc))
+    proc = _operator(str(tmp_path / "run.yaml"), "--storage-root", str(root))
+    assert proc.returncode == 0, proc.stderr
+    assert "position not recorded: the checkpoint predates data/position.json" in proc.stdout
+    assert "world 2 (1 node x 2)" in proc.stdout
+    doc["spec"]["topology"]["gradientAccumulation"] = 4
+    (tmp_path / "run.yaml").write_text(yaml.safe_dump(doc))
+    proc = _operator(str(tmp_path / "run.yaml"), "--storage-root", str(root))
+    assert proc.returncode == 2 and "from 2 to 4" in proc.stderr and "the status of attempt 1" in proc.stderr
+
+
+def test_solar_run_dry_run_shows_a_resume_at_another_nproc_and_refuses_a_new_global_batch(tmp_path):
+    workdir = tmp_path / "runs"
+    stage = _resumable(workdir, saved_with=WORLD_2)
+    manifest = _manifest(tmp_path, topology={"nodes": 1, "gpusPerNode": 2, "gradientAccumulation": 2})
+    before = sorted(tmp_path.rglob("*"))
+    proc = _run(sys.executable, "-m", "solar", "run", "--dry-run", str(manifest), "--workdir", str(workdir),
+                "--nproc", "1")
+    assert proc.returncode == 0, proc.stderr
+    assert "#     stage fm resumes checkpoint step 2 at a new shape: world 2 (1 node x 2)" in proc.stdout
+    fm = next(d for d in yaml.safe_load_all(proc.stdout) if d)
+    assert fm["command"][4] == "--nproc-per-node=1" and f"checkpoint.path={stage}/checkpoints/step_00000002" in \
+        fm["command"]
+    assert fm["reshape"]["old"]["worldSize"] == 2 and fm["reshape"]["new"]["worldSize"] == 1
+    assert fm["reshape"]["new"]["gradientAccumulation"] == 2 and fm["reshape"]["new"]["globalBatchSize"] == 2
+    assert fm["reshape"]["streamPosition"] == {"step": 2, "clipsConsumed": 4, "epochs": [0, 0]}
+    proc = _run(sys.executable, "-m", "solar", "run", "--dry-run", str(manifest), "--workdir", str(workdir),
+                "--nproc", "4")
+    assert proc.returncode == 2 and proc.stderr.count("\n") == 1, proc.stderr
+    assert "global batch from 2 to 8" in proc.stderr and "(TopologyMismatch)" in proc.stderr
+    assert "{gradientAccumulation: 1, microBatchSize: 1}" not in proc.stderr   # data parallel 4 cannot give 2
+    assert sorted(tmp_path.rglob("*")) == before   # nothing written

@@ -256,11 +256,21 @@ class World:
         return [e["reason"] for e in sorted(mine, key=lambda e: int(e["metadata"]["resourceVersion"]))]
 
 
-def write_checkpoint(run_dir: Path, step: int) -> Path:
-    """A real checkpoint transaction with one safetensors member, as the trainer commits it."""
+def write_checkpoint(run_dir: Path, step: int, *, saved_with: dict | None = None) -> Path:
+    """A real checkpoint transaction with one safetensors member, as the trainer commits it; with
+    ``saved_with`` ({world_size, nproc_per_node, and optionally sequence_parallel_size,
+    micro_batch_size, gradient_accumulation}) also its ``data/position.json``."""
     partial = ckpt.begin(run_dir, step)
     (partial / "model").mkdir()
     (partial / "model" / "live.safetensors").write_bytes(encode({"w": torch.full((4,), float(step))}))
+    if saved_with is not None:
+        shape = {"sequence_parallel_size": 1, "micro_batch_size": 1, "gradient_accumulation": 1, **saved_with}
+        batch = (shape["world_size"] // shape["sequence_parallel_size"] * shape["micro_batch_size"]
+                 * shape["gradient_accumulation"])
+        (partial / "data").mkdir()
+        (partial / "data" / "position.json").write_text(json.dumps({
+            "schema": "solar.data-position.v1", "step": step, "global_batch_size": batch, "saved_with": shape,
+            "epochs": [0, 0]}))
     return ckpt.commit(partial, step=step, contract={"family": "wan22_ti2v_5b"},
                        roles={"model": {"weights": ["live"], "members": ["model/live.safetensors"]}},
                        trainer_state={"step": step})
