@@ -3,7 +3,8 @@ and gradient norms of the same run without saves, on every Wan training route, u
 last bit) and under FSDP2 at world 2 (1e-6 relative). Before sharded saves read the optimizer's
 state as it stands, torch's ``get_optimizer_state_dict`` stepped a role without state once with zero
 gradients, so a Stage2 save before the student's first update moved its AdamW step count: step 6
-gave 2.356730 / 0.349638 instead of 2.353384 / 0.347790."""
+gave 2.356730 / 0.349638 instead of 2.353384 / 0.347790 (values of the draws before issue 39's
+per-clip generators)."""
 
 from __future__ import annotations
 

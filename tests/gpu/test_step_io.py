@@ -78,15 +78,15 @@ def test_stage0p5_objective_does_not_wait_for_the_device_and_matches_the_cpu(no_
 
 def test_stage2_losses_do_not_wait_for_the_device_and_match_the_cpu(tmp_path, no_tf32):
     """Every draw of a Stage2 update (rollout noise, re-noising per chunk level, score levels and
-    noise) comes from the CPU generator through pinned memory, and the DMD gradient's size is read
+    noise) comes from the clip's CPU generator through pinned memory, and the DMD gradient's size is read
     after the update is queued: nothing in the forwards holds the host until the GPU catches up."""
     from tests.unit.train.test_stage2 import _setup
 
     state, student, batch = _setup("wan22_ti2v_5b", tmp_path)
 
     def losses():
-        critic, _ = state.critic_loss(student, batch, torch.Generator().manual_seed(3))
-        loss, extra = state.student_loss(student, batch, torch.Generator().manual_seed(2))
+        critic, _ = state.critic_loss(student, batch, fm.ClipDraws(3, 6, 0, 1, "critic"))
+        loss, extra = state.student_loss(student, batch, fm.ClipDraws(3, 6, 0, 1, "student"))
         return critic, loss, extra["dmd_gradient"]
 
     cpu = [float(v.detach()) for v in losses()]

@@ -9,6 +9,7 @@ import torch
 from solar.config.resolve import resolve_file
 from solar.launch.batch import Batch
 from solar.models.registry import model_from_config
+from solar.objectives import fm
 from solar.train.stage2 import Role, Stage2, _role
 from tests.conftest import CONFIGS
 
@@ -19,7 +20,7 @@ TINY = {
 }
 
 
-def _setup(family, root):
+def _setup(family, root, clips=1):
     from safetensors.torch import save_file
 
     path, extra = TINY[family]
@@ -42,19 +43,19 @@ def _setup(family, root):
     frames = 7 if family == "minimax_h3" else 21
     channels = d.in_channels if family == "minimax_h3" else d.out_channels
     g = torch.Generator().manual_seed(1)
-    batch = Batch(latents=torch.randn(1, channels, frames, 4, 6, generator=g),
-                  prompt=torch.randn(1, 5, d.text_dim, generator=g), prompt_mask=torch.ones(1, 5),
-                  cameras=torch.eye(4).expand(1, frames, 4, 4).clone(), image_condition=None,
-                  identities=[{"sample_id": "s", "start_frame": 0}])
+    batch = Batch(latents=torch.randn(clips, channels, frames, 4, 6, generator=g),
+                  prompt=torch.randn(clips, 5, d.text_dim, generator=g), prompt_mask=torch.ones(clips, 5),
+                  cameras=torch.eye(4).expand(clips, frames, 4, 4).clone(), image_condition=None,
+                  identities=[{"sample_id": f"s{i}", "start_frame": 0} for i in range(clips)])
     return state, student, batch
 
 
 @pytest.mark.parametrize("family", ["wan22_ti2v_5b", "minimax_h3"])
 def test_replay_reproduces_the_chunked_rollout(family, tmp_path):
     state, student, batch = _setup(family, tmp_path)
-    g = torch.Generator().manual_seed(5)
+    g = fm.ClipDraws(5, 1, 0, 1)
     committed = state.rollout(student, batch, state._conditions(batch, g), g, grad=False)
-    g = torch.Generator().manual_seed(5)  # the same draws again, now with the gradient-carrying replay
+    g = fm.ClipDraws(5, 1, 0, 1)  # the same draws again, now with the gradient-carrying replay
     replayed = state.rollout(student, batch, state._conditions(batch, g), g, grad=True)
     assert replayed.shape == committed.shape == (1, batch.latents.shape[1], state.sgf.rollout_latents, 4, 6)
     assert replayed.requires_grad and not committed.requires_grad
@@ -66,14 +67,14 @@ def test_replay_reproduces_the_chunked_rollout(family, tmp_path):
 @pytest.mark.parametrize("family", ["wan22_ti2v_5b", "minimax_h3"])
 def test_each_loss_trains_only_its_role(family, tmp_path):
     state, student, batch = _setup(family, tmp_path)
-    loss, extra = state.student_loss(student, batch, torch.Generator().manual_seed(2))
+    loss, extra = state.student_loss(student, batch, fm.ClipDraws(2, 6, 0, 1, "student"))
     loss.backward()
     assert torch.isfinite(loss) and extra["dmd_gradient"] >= 0
     assert any(p.grad is not None and p.grad.abs().sum() > 0 for p in student.parameters() if p.requires_grad)
     assert all(p.grad is None for p in state.critic.model.parameters())
     assert all(p.grad is None for p in state.teacher.parameters())
     student.zero_grad(set_to_none=True)
-    loss, _ = state.critic_loss(student, batch, torch.Generator().manual_seed(3))
+    loss, _ = state.critic_loss(student, batch, fm.ClipDraws(2, 6, 0, 1, "critic"))
     loss.backward()
     assert any(p.grad is not None and p.grad.abs().sum() > 0 for p in state.critic.params.values())
     assert all(p.grad is None for p in student.parameters())
@@ -95,8 +96,9 @@ def test_guided_teacher_scores_both_prompts_in_one_batch(negative_tokens, forwar
     state, student, batch = _setup("wan22_ti2v_5b", tmp_path)
     assert state.sgf.real_guidance_scale != 1.0
     state.negative = torch.randn(negative_tokens, student.cfg.dims.text_dim, generator=torch.Generator().manual_seed(2))
+    draws = fm.ClipDraws(3, 1, 0, 1)
+    cond = state._conditions(batch, draws)
     g = torch.Generator().manual_seed(3)
-    cond = state._conditions(batch, g)
     noisy = torch.randn(batch.latents.shape, generator=g)
     level = torch.rand(1, noisy.shape[2], generator=g) * 1000
     cams = cond.cameras[:, :noisy.shape[2]]
@@ -110,3 +112,49 @@ def test_guided_teacher_scores_both_prompts_in_one_batch(negative_tokens, forwar
     assert len(calls) == forwards
     assert (conditional - alone).abs().max().item() <= 1e-5
     assert (unconditional - negative).abs().max().item() <= 1e-5
+
+
+def _clip(batch: Batch, i: int) -> Batch:
+    return Batch(latents=batch.latents[i:i + 1], prompt=batch.prompt[i:i + 1], prompt_mask=batch.prompt_mask[i:i + 1],
+                 cameras=batch.cameras[i:i + 1], image_condition=None, identities=batch.identities[i:i + 1])
+
+
+def _exits(state, student, batch, seed, step, position, role):
+    """A clip's exit levels, replaying its generator's documented draw order: (H3: anchor noise, audio
+    noise, audio time), rollout noise, its exit level of every chunk."""
+    g = fm.clip_generator(seed, step, position, role)
+    C, _, _, h, w = batch.latents.shape
+    if state.h3:
+        torch.randn((C, 1, h, w), generator=g)
+        torch.randn(state.audio_silence.shape, generator=g)
+        torch.rand(1, generator=g)
+    torch.randn((C, state.sgf.rollout_latents, h, w), generator=g)
+    chunks = state.sgf.rollout_latents // student.cfg.chunk_latents
+    return torch.randint(0, len(state.levels), (chunks,), generator=g).tolist()
+
+
+@pytest.mark.parametrize("family", ["wan22_ti2v_5b", "minimax_h3"])
+def test_each_clip_rolls_out_as_it_would_alone(family, tmp_path):
+    """Issue 39: every draw of a clip (noise, its exit level of each chunk, its re-noising, the score
+    level and noise) comes from its own generator, keyed by its global-batch position, so a clip of a
+    micro-batch of 3 gets the rollout, the score level and the noise it gets alone in a micro-batch of
+    1 at the same position, although the clips exit their chunks at different levels."""
+    state, student, batch = _setup(family, tmp_path, clips=3)
+    seed, step, first = 7, 11, 4
+    exits = [_exits(state, student, batch, seed, step, first + i, "student") for i in range(3)]
+    assert len({tuple(e) for e in exits}) > 1, exits   # the clips leave some chunk at different levels
+    together = fm.ClipDraws(seed, step, first, 3, "student")
+    cond = state._conditions(batch, together)
+    joint = state.rollout(student, batch, cond, together, grad=True)
+    noisy_joint, level_joint, eps_joint = state._score_noise(joint.detach(), cond, together)
+    for i in range(3):
+        draws = fm.ClipDraws(seed, step, first + i, 1, "student")
+        clip = _clip(batch, i)
+        cond_i = state._conditions(clip, draws)
+        again = fm.ClipDraws(seed, step, first + i, 1, "student")   # the same draws, without the replay
+        committed = state.rollout(student, clip, state._conditions(clip, again), again, grad=False)
+        alone = state.rollout(student, clip, cond_i, draws, grad=True)
+        assert torch.allclose(joint[i:i + 1], alone, atol=1e-5), (family, i, (joint[i:i + 1] - alone).abs().max())
+        assert torch.allclose(committed, alone, atol=1e-5)
+        _, level_i, eps_i = state._score_noise(alone.detach(), cond_i, draws)
+        assert torch.equal(level_joint[i:i + 1], level_i) and torch.equal(eps_joint[i:i + 1], eps_i)

@@ -8,11 +8,14 @@
 - TF-FM baseline (Wan): one shifted grid sigma per 3-latent chunk, FM target, the chunk's Gaussian
   weight, the same anchoring.
 
-Sample kinds (diffusion / consistency / flow-map) follow the sample's index in the logical-global
-batch of the step: ``(dp_rank * accumulation + micro) * micro_batch + i`` of
-``dp_world * accumulation * micro_batch``. Draw order (one generator per micro-batch, from
-``fm.step_generator``): Wan AnyFlow — u1, u2, noise; H3 — anchor noise, audio noise, audio time,
-video noise, u1, u2; TF-FM — chunk grid indices, noise.
+Sample kinds (diffusion / consistency / flow-map) follow the sample's position in the logical-global
+batch of the step: ``fm.first_position(dp_rank, accumulation, micro, micro_batch) + i`` of
+``dp_world * accumulation * micro_batch``. Randomness belongs to the clip (issue 39): one generator
+per clip, keyed by (seed, step, that position) (``fm.ClipDraws``), so a clip draws the same values at
+any topology with the same global batch, and SP peers (one dp rank) draw the same. Draw order of a
+clip's generator: Wan AnyFlow — u1, u2, noise; H3 — anchor noise, audio noise, audio time, video
+noise, u1, u2; TF-FM — chunk grid indices, noise. The image-condition drop is a hash of (seed, step,
+position) (``fm.drop_decision`` with dp rank 0 and the position as index): it draws nothing.
 """
 
 from __future__ import annotations
@@ -22,16 +25,32 @@ from collections.abc import Callable
 import torch
 
 from solar.config.schema import RunConfig
-from solar.launch.batch import Batch, host_noise, to_device
+from solar.launch.batch import Batch, to_device
 from solar.objectives import anyflow as af
 from solar.objectives import fm
 
 Gather = Callable[[list], list]  # every logical-global sample's (loss, is_diffusion) from this micro-batch's
 
 
-def _drops(cfg: RunConfig, step: int, dp_rank: int, micro: int, batch: int) -> list[bool]:
+def _drops(cfg: RunConfig, step: int, first: int, batch: int) -> list[bool]:
+    """Each clip's image-condition drop, keyed by its global-batch position (``first`` + i) in place of
+    ``drop_decision``'s (dp rank, index): dp rank 0 and the position, the same at any topology."""
     p = cfg.train.fm.image_condition_dropout or 0.0
-    return [fm.drop_decision(cfg.train.seed, step, dp_rank, micro * batch + i, p) for i in range(batch)]
+    return [fm.drop_decision(cfg.train.seed, step, 0, first + i, p) for i in range(batch)]
+
+
+def _draws(cfg: RunConfig, step: int, dp_rank: int, micro: int, batch: int) -> tuple[fm.ClipDraws, int]:
+    """The micro-batch's per-clip generators and its first clip's global-batch position."""
+    first = fm.first_position(dp_rank, cfg.train.gradient_accumulation, micro, batch)
+    return fm.ClipDraws(cfg.train.seed, step, first, batch), first
+
+
+def _time_pairs(draws: fm.ClipDraws, first: int, size: int, a) -> af.TimePairs:
+    """AnyFlow's (t, r) pairs, each clip's u1 then u2 from its own generator, kinds by position."""
+    pairs = [af.sample_time_pairs(1, global_offset=first + i, global_size=size, diffusion_ratio=a.diffusion_ratio,
+                                  consistency_ratio=a.consistency_ratio, generator=g)
+             for i, g in enumerate(draws.gens)]
+    return af.TimePairs(*(torch.cat([getattr(p, f) for p in pairs]) for f in ("t", "r", "kind")))
 
 
 def anyflow_loss(model, cfg: RunConfig, batch: Batch, *, step: int, dp_rank: int, dp_world: int, micro: int,
@@ -47,8 +66,8 @@ def anyflow_loss(model, cfg: RunConfig, batch: Batch, *, step: int, dp_rank: int
     x0 = batch.latents
     B = x0.shape[0]
     device = x0.device
-    gen = fm.step_generator(cfg.train.seed, step, dp_rank, micro)
-    offset, size = (dp_rank * accum + micro) * B, dp_world * accum * B
+    draws, offset = _draws(cfg, step, dp_rank, micro, B)
+    size = dp_world * accum * B
     shift = cfg.model.timestep_shift
     drops = [False] * B
     if family == "minimax_h3":
@@ -56,27 +75,26 @@ def anyflow_loss(model, cfg: RunConfig, batch: Batch, *, step: int, dp_rank: int
         x0 = x0[:, :, :keep_latents]
         cameras = batch.cameras[:, :keep_latents]
         k = cfg.train.fm.keyframe_anchor_t
-        anchor_eps = host_noise(x0[:, :, :1].shape, gen, device)
+        anchor_eps = draws.noise(x0[:, :, :1].shape, device)
         anchor = k * batch.latents[:, :, :1] + (1 - k) * anchor_eps
         audio = t_audio = None
         if audio_silence is not None:
             silence = to_device(audio_silence, device).expand(B, *audio_silence.shape)
-            audio_eps = host_noise(silence.shape, gen, device)
-            t_audio = to_device(fm.sample_h3_times(B, cfg.model.audio_timestep_shift, gen), device)
+            audio_eps = draws.noise(silence.shape, device)
+            t_audio = to_device(draws.each(lambda g: fm.sample_h3_times(1, cfg.model.audio_timestep_shift, g)),
+                                device)
             audio = fm.noisy_h3(silence, audio_eps, t_audio)
-        eps = host_noise(x0.shape, gen, device)
-        pairs = af.sample_time_pairs(B, global_offset=offset, global_size=size, diffusion_ratio=a.diffusion_ratio,
-                                     consistency_ratio=a.consistency_ratio, generator=gen)
+        eps = draws.noise(x0.shape, device)
+        pairs = _time_pairs(draws, offset, size, a)
 
         velocity = af.reversed_time_velocity(_h3_output(model, x0, batch, anchor, audio, t_audio, cameras,
                                                         clean_context))
         guidance, keep = 1.0, None
         mask = torch.ones(B, x0.shape[2], device=device)
     else:
-        pairs = af.sample_time_pairs(B, global_offset=offset, global_size=size, diffusion_ratio=a.diffusion_ratio,
-                                     consistency_ratio=a.consistency_ratio, generator=gen)
-        eps = host_noise(x0.shape, gen, device)
-        drops = _drops(cfg, step, dp_rank, micro, B)
+        pairs = _time_pairs(draws, offset, size, a)
+        eps = draws.noise(x0.shape, device)
+        drops = _drops(cfg, step, offset, B)
         guidance = a.guidance_scale or 1.0
         if guidance != 1.0 and negative is None:
             raise ValueError("a guided AnyFlow target needs the negative prompt (data.negative_prompt)")
@@ -196,16 +214,16 @@ def tf_fm_loss(model, cfg: RunConfig, batch: Batch, *, step: int, dp_rank: int, 
     device = x0.device
     chunk = cfg.model.causal.chunk_latents
     chunks = -(-frames // chunk)
-    gen = fm.step_generator(cfg.train.seed, step, dp_rank, micro)
+    draws, first = _draws(cfg, step, dp_rank, micro, B)
     table = fm.sigma_table(cfg.model.timestep_shift)
     grid_weights = fm.gaussian_weights(table * fm.NUM_TRAIN_TIMESTEPS)
-    index = torch.randint(0, table.numel(), (B, chunks), generator=gen)
-    eps = host_noise(x0.shape, gen, device)
+    index = draws.each(lambda g: torch.randint(0, table.numel(), (1, chunks), generator=g))   # [B, chunks]
+    eps = draws.noise(x0.shape, device)
     sigma = to_device(table[index].float().repeat_interleave(chunk, dim=1)[:, :frames], device)   # [B, F]
     weight = to_device(grid_weights[index].float().repeat_interleave(chunk, dim=1)[:, :frames], device)
     if cfg.train.fm.weighting != "gaussian":
         weight = torch.ones_like(weight)
-    drops = _drops(cfg, step, dp_rank, micro, B)
+    drops = _drops(cfg, step, first, B)
     mask = torch.ones(B, frames, device=device)
     for i, dropped in enumerate(drops):
         if not dropped:

@@ -15,9 +15,15 @@ levels]`` recomputes every chunk's output with grad (the teacher-forcing mask re
 windowed cache exactly). Checkpoints hold ``student`` (live, EMA, optimizer) and ``critic`` (live,
 optimizer) roles; the teacher's source is recorded and re-verified on resume.
 
-Randomness per micro-batch from ``fm.step_generator(..., purpose="student"|"critic")``. Draw order:
-(H3: anchor noise, audio noise, audio time), rollout noise, per-chunk exit levels, re-noising
-noise (chunk by chunk, level by level), score levels, score noise.
+Randomness belongs to the clip (issue 39): one generator per clip and role, keyed by (seed, outer
+step, the clip's position in the update's global batch, "student"|"critic") (``fm.ClipDraws`` at
+``fm.first_position(dp_rank, accumulation, micro, micro_batch)``), so a clip draws the same values at
+any topology with the same global batch, and SP peers (one dp rank) draw the same. Draw order of a
+clip's generator: (H3: anchor noise, audio noise, audio time), rollout noise, its exit level of every
+chunk, its re-noising noise (chunk by chunk, level by level, only below its exit), score level, score
+noise. Each clip exits each chunk at its own level: a micro-batch runs a chunk's denoising to the
+largest exit among its clips and takes each clip's state at its own exit (the later forwards of a
+clip past its exit are discarded), so a clip's rollout does not depend on the micro-batch's size.
 """
 
 from __future__ import annotations
@@ -35,7 +41,7 @@ import torch
 
 from solar.config.contracts import checkpoint_contract
 from solar.launch import precision
-from solar.launch.batch import Batch, collate, host_noise, to_device
+from solar.launch.batch import Batch, collate, to_device
 from solar.launch.distributed import CollectiveFailure
 from solar.launch.materialize import (Lazy, checkpoint, local_part, materialize, module_tensors, released,
                                      role_tensors)
@@ -383,7 +389,7 @@ class Stage2:
                             torch.cat([cond.prompt, negative.to(cond.prompt.dtype)]), cameras=torch.cat([cams, cams]))
         return both.chunk(2)
 
-    def _conditions(self, batch: Batch, gen: torch.Generator) -> Conditions:
+    def _conditions(self, batch: Batch, draws: fm.ClipDraws) -> Conditions:
         cfg = self.resolved.config
         x0 = batch.latents
         B, device = x0.shape[0], x0.device
@@ -395,11 +401,12 @@ class Stage2:
         anchor = audio = t_audio = None
         if self.h3:
             k = cfg.train.fm.keyframe_anchor_t
-            anchor = k * x0[:, :, :1] + (1 - k) * host_noise(x0[:, :, :1].shape, gen, device)
+            anchor = k * x0[:, :, :1] + (1 - k) * draws.noise(x0[:, :, :1].shape, device)
             if self.audio_silence is not None:
                 silence = to_device(self.audio_silence, device).expand(B, *self.audio_silence.shape)
-                audio_eps = host_noise(silence.shape, gen, device)
-                t_audio = to_device(fm.sample_h3_times(B, cfg.model.audio_timestep_shift, gen), device)
+                audio_eps = draws.noise(silence.shape, device)
+                shift = cfg.model.audio_timestep_shift
+                t_audio = to_device(draws.each(lambda g: fm.sample_h3_times(1, shift, g)), device)
                 audio = fm.noisy_h3(silence, audio_eps, t_audio)
         if self.negative is not None and self.negative.device != device:
             self.negative = to_device(self.negative, device)   # once: every update reads the same prompt
@@ -411,24 +418,26 @@ class Stage2:
             x[:, :, 0] = cond.first
         return x
 
-    def rollout(self, student, batch: Batch, cond: Conditions, gen: torch.Generator, *, grad: bool) -> torch.Tensor:
-        """The student's rollout [B, C, R, h, w]: no-grad chunked pass to each chunk's exit, then
-        (with ``grad``) the teacher-forced replay that carries the gradient."""
+    def rollout(self, student, batch: Batch, cond: Conditions, draws: fm.ClipDraws, *, grad: bool) -> torch.Tensor:
+        """The student's rollout [B, C, R, h, w]: no-grad chunked pass to each clip's exit of each
+        chunk, then (with ``grad``) the teacher-forced replay that carries the gradient."""
         with self._acting(student, "student"):
-            return self._rollout(student, batch, cond, gen, grad=grad)
+            return self._rollout(student, batch, cond, draws, grad=grad)
 
-    def _rollout(self, student, batch: Batch, cond: Conditions, gen: torch.Generator, *, grad: bool) -> torch.Tensor:
+    def _rollout(self, student, batch: Batch, cond: Conditions, draws: fm.ClipDraws, *, grad: bool) -> torch.Tensor:
         x0 = batch.latents
         B, C, _, h, w = x0.shape
         device = x0.device
         R, k = self.sgf.rollout_latents, student.cfg.chunk_latents
         chunks = R // k
-        noise = host_noise((B, C, R, h, w), gen, device)
-        exits = torch.randint(0, len(self.levels), (chunks,), generator=gen).tolist()
+        noise = draws.noise((B, C, R, h, w), device)
+        # each clip's exit level of every chunk, from its own generator: [B][chunks]
+        exits = draws.each(lambda g: torch.randint(0, len(self.levels), (1, chunks), generator=g)).tolist()
+        last = [max(e[c] for e in exits) for c in range(chunks)]   # a chunk runs to its clips' largest exit
         # Under FSDP2 every forward is a collective, but each DP rank draws its own exit levels: the
         # ranks agree on the most chunk forwards any of them runs (before the first one) and the
         # others run discarded forwards after their rollout, so every rank enters the same gathers.
-        calls = sum(e + 1 for e in exits)
+        calls = sum(e + 1 for e in last)
         padding = self.agree(calls) - calls if self.agree is not None else 0
         committed = torch.zeros_like(noise)
         at_exit = torch.zeros_like(noise)
@@ -445,22 +454,25 @@ class Stage2:
                 lo, hi = c * k, (c + 1) * k
                 cams = cond.cameras[:, lo:hi]
                 x = self._pin(noise[:, :, lo:hi], cond, lo)
-                for i, level in enumerate(self.levels[:exits[c] + 1]):
+                for i, level in enumerate(self.levels[:last[c] + 1]):
                     t = torch.full((B, k), level, device=device)
                     if cond.first is not None and lo == 0:
                         t[:, 0] = 0.0
-                    if i == exits[c]:
-                        at_exit[:, :, lo:hi] = x
-                        exit_level[:, lo:hi] = t
+                    leaving = [b for b in range(B) if exits[b][c] == i]   # the clips exiting at this level
+                    rows = [slice(None)] if len(leaving) == B else leaving  # all at once when all exit
+                    for b in rows:
+                        at_exit[b, :, lo:hi] = x[b]
+                        exit_level[b, lo:hi] = t[b]
                     v = self._velocity(student, x, t, cond, cache=cache, cams=cams)
                     x0_hat = self._pin(x - (t / N)[:, None, :, None, None] * v, cond, lo)
-                    if i < exits[c]:
+                    for b in rows:
+                        committed[b, :, lo:hi] = x0_hat[b]
+                    if i < last[c]:   # re-noised to the next level: only the clips still before their exit draw
                         nxt = self.levels[i + 1] / N
-                        fresh = host_noise(x0_hat.shape, gen, device)
+                        fresh = draws.noise(x0_hat.shape, device, clips=[b for b in range(B) if i < exits[b][c]])
                         x = self._pin((1 - nxt) * x0_hat + nxt * fresh, cond, lo)
-                committed[:, :, lo:hi] = x0_hat
                 if c < chunks - 1:  # the last chunk's keys and values would never be read
-                    student.commit_chunk(x0_hat, cache, cameras=cams)
+                    student.commit_chunk(committed[:, :, lo:hi], cache, cameras=cams)
             for _ in range(padding):  # read-only forwards over the last chunk: the cache is unchanged
                 self._velocity(student, x, t, cond, cache=cache, cams=cams)
         if not grad:
@@ -469,12 +481,12 @@ class Stage2:
             v = self._velocity(student, at_exit, exit_level, cond, clean=committed, cams=cond.cameras)
         return self._pin(at_exit - (exit_level / N)[:, None, :, None, None] * v, cond)
 
-    def _score_noise(self, x: torch.Tensor, cond: Conditions, gen: torch.Generator):
+    def _score_noise(self, x: torch.Tensor, cond: Conditions, draws: fm.ClipDraws):
         B, S = x.shape[0], x.shape[2]
-        level = to_device(dmd.score_levels(B, self.resolved.config.model.timestep_shift, gen,
-                                           low=self.sgf.score_timestep_min, high=self.sgf.score_timestep_max),
-                          x.device)
-        eps = host_noise(x.shape, gen, x.device)
+        shift = self.resolved.config.model.timestep_shift
+        level = to_device(draws.each(lambda g: dmd.score_levels(1, shift, g, low=self.sgf.score_timestep_min,
+                                                                 high=self.sgf.score_timestep_max)), x.device)
+        eps = draws.noise(x.shape, x.device)
         s = (level / N)[:, None, None, None, None]
         noisy = self._pin((1 - s) * x + s * eps, cond)
         level_f = level[:, None].expand(B, S).clone()
@@ -488,12 +500,12 @@ class Stage2:
             mask[:, :, 0] = False   # the image condition
         return mask
 
-    def student_loss(self, student, batch: Batch, gen: torch.Generator) -> tuple[torch.Tensor, dict]:
-        cond = self._conditions(batch, gen)
+    def student_loss(self, student, batch: Batch, draws: fm.ClipDraws) -> tuple[torch.Tensor, dict]:
+        cond = self._conditions(batch, draws)
         S = self.sgf.supervised_latents
-        output = self.rollout(student, batch, cond, gen, grad=True)[:, :, :S]
+        output = self.rollout(student, batch, cond, draws, grad=True)[:, :, :S]
         cams = cond.cameras[:, :S]
-        noisy, level_f, _ = self._score_noise(output.detach(), cond, gen)
+        noisy, level_f, _ = self._score_noise(output.detach(), cond, draws)
         sig = (level_f / N)[:, None, :, None, None]
         with torch.no_grad():
             with phase("student-forward/critic-score"), self._acting(self.critic.model, "critic"):
@@ -508,11 +520,11 @@ class Stage2:
         loss = dmd.student_loss(output, gradient, mask)
         return loss, {"dmd_gradient": gradient.abs().mean()}   # read after the update is queued
 
-    def critic_loss(self, student, batch: Batch, gen: torch.Generator) -> tuple[torch.Tensor, dict]:
-        cond = self._conditions(batch, gen)
+    def critic_loss(self, student, batch: Batch, draws: fm.ClipDraws) -> tuple[torch.Tensor, dict]:
+        cond = self._conditions(batch, draws)
         S = self.sgf.supervised_latents
-        output = self.rollout(student, batch, cond, gen, grad=False)[:, :, :S]
-        noisy, level_f, eps = self._score_noise(output, cond, gen)
+        output = self.rollout(student, batch, cond, draws, grad=False)[:, :, :S]
+        noisy, level_f, eps = self._score_noise(output, cond, draws)
         with phase("critic-forward/critic-with-grad"), self._acting(self.critic.model, "critic"):
             v = self._velocity(self.critic.model, noisy, level_f, cond, cams=cond.cameras[:, :S])
         return dmd.critic_loss(v, eps - output, self._mask(output)), {}
@@ -554,10 +566,11 @@ class Stage2:
         optimizer.zero_grad(set_to_none=True)
         losses, extra, records = [], {}, []
         for micro, batch in self._batches(loop, step):
-            gen = fm.step_generator(cfg.train.seed, step, d.dp_rank, micro, purpose=role)
+            B = batch.latents.shape[0]
+            draws = fm.ClipDraws(cfg.train.seed, step, fm.first_position(d.dp_rank, accum, micro, B), B, purpose=role)
             loop.heartbeat.update(phase=f"{role}-forward", step=step)
             with precision.autocast(cfg, d.device, sharded=sharded), phase(f"{role}-forward"):
-                loss, extra = loss_fn(loop.parts.model, batch, gen)
+                loss, extra = loss_fn(loop.parts.model, batch, draws)
             loop.heartbeat.update(phase=f"{role}-backward", step=step)
             with phase(f"{role}-backward"):
                 (loss / accum).backward()
@@ -600,7 +613,7 @@ class Stage2:
         lr = lr_at(step, critic_opt, cfg.train.max_steps)
         loss, norm, _, recs = self._update(loop, step, "critic", self.critic.model, self.critic.params,
                                            self.critic.optimizer, critic_opt, lr,
-                                           lambda student, batch, gen: self.critic_loss(student, batch, gen))
+                                           lambda student, batch, draws: self.critic_loss(student, batch, draws))
         records += recs
         seconds = time.perf_counter() - started
         total = torch.tensor([loss], device=d.device if d.backend == "nccl" else "cpu")
