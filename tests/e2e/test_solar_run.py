@@ -112,3 +112,48 @@ def test_a_failing_stage_fails_the_run_with_its_reason(data, tmp_path):
     failed = next(c for c in status["conditions"] if c["type"] == "Failed")
     assert failed["reason"] in ("BackoffLimitExceeded", "NothingToResume")
     assert "fm" in failed["message"]
+
+
+def test_an_interrupted_run_continues_at_another_nproc_with_the_same_global_batch(data, tmp_path):
+    def one_stage(doc, accumulation=1):
+        doc["spec"]["topology"].update(gpusPerNode=2, gradientAccumulation=accumulation)
+        # a whole-clip validation after the step-2 checkpoint keeps the stage running while SIGINT arrives
+        doc["spec"]["stages"] = [dict(doc["spec"]["stages"][0], set=doc["spec"]["stages"][0]["set"] + [
+            "runtime.validate_every=2"])]
+    manifest, workdir = _manifest(tmp_path, data, one_stage), tmp_path / "runs"
+    proc = subprocess.Popen([sys.executable, "-m", "solar", "run", str(manifest), "--workdir", str(workdir),
+                             "--nproc", "2"], cwd=REPO, env=env(), stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                            text=True)
+    step2 = workdir / "tiny-wan" / "fm" / "checkpoints" / "step_00000002"
+    deadline = time.monotonic() + 300
+    while time.monotonic() < deadline and not step2.is_dir() and proc.poll() is None:
+        time.sleep(0.2)
+    assert step2.is_dir(), proc.communicate()[1][-3000:]
+    proc.send_signal(signal.SIGINT)
+    _, err = proc.communicate(timeout=120)
+    assert proc.returncode == 130, err[-2000:]
+    status_path = workdir / "tiny-wan" / "status.json"
+    before = status_path.read_text()
+
+    def again(nproc):
+        return subprocess.run([sys.executable, "-m", "solar", "run", str(manifest), "--workdir", str(workdir),
+                               "--nproc", str(nproc)], cwd=REPO, env=env(), capture_output=True, text=True, timeout=600)
+    refused = again(1)   # half the ranks, the same accumulation: another global batch
+    assert refused.returncode == 2 and refused.stderr.count("\n") == 1, refused.stderr[-2000:]
+    assert "global batch from 2 to 1" in refused.stderr and "(TopologyMismatch)" in refused.stderr
+    assert "{gradientAccumulation: 2, microBatchSize: 1}" in refused.stderr
+    assert status_path.read_text() == before and not (workdir / "tiny-wan" / "logs" / "fm-2.log").exists()
+
+    manifest = _manifest(tmp_path, data, lambda d: one_stage(d, accumulation=2))
+    dry = subprocess.run([sys.executable, "-m", "solar", "run", "--dry-run", str(manifest), "--workdir", str(workdir),
+                          "--nproc", "1"], cwd=REPO, env=env(), capture_output=True, text=True, timeout=120)
+    assert dry.returncode == 0 and "at a new shape: world 2 (1 node x 2)" in dry.stdout, dry.stderr[-2000:]
+    done = again(1)
+    assert done.returncode == 0, done.stderr[-3000:]
+    assert "TopologyChanged" in done.stderr and "-> world 1 (1 node x 1)" in done.stderr
+    status = json.loads(status_path.read_text())
+    fm = status["stages"][0]
+    assert status["phase"] == "Succeeded" and fm["attempt"] == 2
+    assert [(a["topology"]["worldSize"], a["topology"]["gradientAccumulation"]) for a in fm["attempts"]] == [(2, 1),
+                                                                                                            (1, 2)]
+    assert [a["worldSize"] for a in fm["usage"]["attempts"]][-1] == 1 and fm["usage"]["attempts"][0]["worldSize"] == 2

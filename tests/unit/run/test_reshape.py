@@ -229,3 +229,20 @@ def test_an_attempt_per_stage_keeps_its_own_gpu_time():
     _note_usage(status, status.stages[0], usage)
     assert [(a.worldSize, a.gpuSeconds) for a in status.stages[0].usage.attempts] == [(2, 7200.0), (1, 3600.0)]
     assert status.gpuHours == 3.0
+
+
+def test_observe_reads_the_newest_checkpoints_position_and_ignores_a_bad_one(tmp_path):
+    from solar.run.observe import observe_stage
+    from tests.integration.world import write_checkpoint
+
+    write_checkpoint(tmp_path, 2, saved_with={"world_size": 2, "nproc_per_node": 2})
+    files = observe_stage(tmp_path, final_step=None, validation_step=None, generation=False)
+    assert files.latest == 2 and files.position.saved_with.world_size == 2 and files.position.global_batch_size == 2
+    write_checkpoint(tmp_path, 4)   # from before the file existed
+    assert observe_stage(tmp_path, final_step=None, validation_step=None, generation=False).position is None
+    bad = write_checkpoint(tmp_path, 6, saved_with={"world_size": 2, "nproc_per_node": 2})
+    (bad / "data" / "position.json").chmod(0o644)
+    doc = (bad / "data" / "position.json").read_text().replace('"global_batch_size": 2', '"global_batch_size": 0')
+    (bad / "data" / "position.json").write_text(doc)   # not a position any more (it still verifies by size)
+    files = observe_stage(tmp_path, final_step=None, validation_step=None, generation=False)
+    assert files.latest == 6 and files.position is None

@@ -61,13 +61,11 @@ def data_position(checkpoint: Path) -> DataPosition | None:
     or it does not read as one (the trainer's own resume then says what is wrong)."""
     from pydantic import ValidationError
 
-    reader = getattr(ckpt, "data_position", None)   # the storage layer's reader, where it has one
     try:
-        doc = reader(checkpoint) if reader is not None else json.loads((checkpoint / "data" / "position.json")
-                                                                       .read_bytes())
-    except (OSError, ValueError, ckpt.CheckpointError):   # FileNotFoundError: a checkpoint from before the file
+        doc = ckpt.data_position(checkpoint)
+    except ckpt.CheckpointError:
         return None
-    if not isinstance(doc, dict):
+    if doc is None:
         return None
     try:
         return DataPosition.model_validate(doc)
