@@ -23,10 +23,19 @@ def objective_for(resolved, dist, audio_silence: torch.Tensor | None):
         guided = (cfg.train.anyflow.guidance_scale or 1.0) != 1.0
         negative = negative_prompt(cfg, "train.anyflow.guidance_scale != 1") if guided else None
 
+        earlier: list = []   # every rank's (loss, is_diffusion) of the step's earlier micro-batches
+
         def gather(entries: list) -> list:
-            return [e for part in dist.all_gather_object(entries, "anyflow-rescale") for e in part]
+            """The logical-global batch's entries seen so far this step: this micro-batch's of every rank
+            and the earlier micro-batches' (a non-diffusion sample is rescaled by every diffusion loss
+            computed before or with it, so with gradient accumulation the reference is not limited to
+            one micro-batch: world 1 x accumulation 2 rescales as world 2 x 1 does)."""
+            earlier.extend(e for part in dist.all_gather_object(entries, "anyflow-rescale") for e in part)
+            return list(earlier)
 
         def run(model, batch, step, micro):
+            if micro == 0:
+                earlier.clear()
             return anyflow_loss(model, cfg, batch, step=step, dp_rank=dist.dp_rank, dp_world=dist.dp_world,
                                 micro=micro, gather=gather, negative=negative, audio_silence=audio_silence)
         return run, "anyflow"

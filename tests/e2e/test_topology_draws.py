@@ -1,0 +1,64 @@
+"""One run, any topology (issue 39 item 1) for Stage1 TF-AnyFlow and Stage2 SGF, end to end on the CPU
+under torchrun (gloo, fp32): the same global batch of 2 at world 1 x gradient accumulation 2 and at
+world 2 x 1 reads the same clips per step (reader j reads position j of every step) and draws the same
+values for each (every draw of a clip comes from its generator keyed by (seed, step, position)), so
+the per-step losses and grad norms agree up to reduction order (rel 1e-5): Stage1's loss with
+AnyFlow's adaptive rescale (position 0 diffusion, 1 flow-map: at world 1 x 2 the flow-map clip's
+reference is micro-batch 0's diffusion loss, kept for the step by ``objective.objective_for``'s
+gather), Stage2's critic at every step and student from step 2 (one critic update per student update;
+a 6-latent rollout keeps it cheap).
+(Stage0.5 at world 1 x 4 / 2 x 2 / 4 x 1 and a resume at another topology: test_topology.py.)"""
+
+from __future__ import annotations
+
+import pytest
+
+from tests.conftest import CONFIGS
+from tests.e2e.helpers import steps, train
+
+pytestmark = pytest.mark.slow
+
+TINY = CONFIGS / "tiny" / "wan22_ti2v_5b"
+GLOBAL = 2
+KEYS = ("loss_mean", "grad_norm", "student_loss", "student_grad_norm")
+ROUTES = {
+    "stage1_anyflow": (TINY / "train_stage1_tf_anyflow_81f.yaml", 3, []),
+    "stage2_sgf": (TINY / "train_stage2_sgf_81f.yaml", 3,
+                   ["train.sgf.critic_updates_per_student=1", "train.sgf.rollout_latents=6",
+                    "train.sgf.supervised_latents=6"]),
+}
+
+
+def _run(config, data, out, world: int, max_steps: int, extra: list[str]) -> list[dict]:
+    proc = train(config, [f"data.root={data}", f"runtime.output_dir={out}", "runtime.log_every=100",
+                          f"distributed.world_size={world}", f"train.gradient_accumulation={GLOBAL // world}",
+                          f"train.global_batch_size={GLOBAL}", "train.micro_batch_size=1",
+                          f"train.max_steps={max_steps}", "runtime.save_every=0", "runtime.save_steps=[]",
+                          "runtime.checkpoint_on_stop=false", "runtime.validate_every=0",
+                          "runtime.validation_steps=[]", *extra], nproc=world, timeout=600)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    ranks = [steps(out, rank) for rank in range(world)]
+    out_steps = []
+    for events in zip(*ranks):   # one step's event of every rank
+        e = events[0]
+        clips = sorted((s.get("role", ""), s["sample_id"], s["start_frame"]) for r in events for s in r["samples"])
+        row = {"step": e["step"], "clips": clips, **{k: e[k] for k in KEYS if k in e}}
+        if "student_loss" in e:   # a rank's own micro-batches' mean (the critic's is all-reduced: loss_mean)
+            row["student_loss"] = sum(r["student_loss"] for r in events) / world
+        out_steps.append(row)
+    return out_steps
+
+
+@pytest.mark.parametrize("route", sorted(ROUTES))
+def test_same_steps_at_world_1x2_and_2x1(route, wan_data, tmp_path):
+    config, max_steps, extra = ROUTES[route]
+    one = _run(config, wan_data, tmp_path / "w1", 1, max_steps, extra)
+    two = _run(config, wan_data, tmp_path / "w2", 2, max_steps, extra)
+    assert [e["step"] for e in one] == [e["step"] for e in two] == list(range(1, max_steps + 1))
+    if route == "stage2_sgf":
+        assert [("student_loss" in e) for e in one] == [False] + [True] * (max_steps - 1)
+    for a, b in zip(one, two):
+        assert a["clips"] == b["clips"], a["step"]   # the same clips, each at the same start frame
+        assert a.keys() == b.keys()
+        for key in a.keys() - {"step", "clips"}:
+            assert abs(a[key] - b[key]) <= 1e-5 * max(abs(a[key]), abs(b[key]), 1e-12), (a["step"], key, a, b)
