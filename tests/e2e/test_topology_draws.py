@@ -6,7 +6,7 @@ the per-step losses and grad norms agree up to reduction order (rel 1e-5): Stage
 AnyFlow's adaptive rescale (position 0 diffusion, 1 flow-map: at world 1 x 2 the flow-map clip's
 reference is micro-batch 0's diffusion loss, kept for the step by ``objective.objective_for``'s
 gather), Stage2's critic at every step and student from step 2 (one critic update per student update;
-a 6-latent rollout keeps it cheap).
+a 6-latent rollout keeps it cheap); and MiniMax-H3 Stage1 with SP 2 at world 2 x 2 = world 4 x 1.
 (Stage0.5 at world 1 x 4 / 2 x 2 / 4 x 1 and a resume at another topology: test_topology.py.)"""
 
 from __future__ import annotations
@@ -59,6 +59,25 @@ def test_same_steps_at_world_1x2_and_2x1(route, wan_data, tmp_path):
         assert [("student_loss" in e) for e in one] == [False] + [True] * (max_steps - 1)
     for a, b in zip(one, two):
         assert a["clips"] == b["clips"], a["step"]   # the same clips, each at the same start frame
+        assert a.keys() == b.keys()
+        for key in a.keys() - {"step", "clips"}:
+            assert abs(a[key] - b[key]) <= 1e-5 * max(abs(a[key]), abs(b[key]), 1e-12), (a["step"], key, a, b)
+
+
+def test_h3_stage1_same_steps_at_sp2_world_2x2_and_4x1(tmp_path):
+    """MiniMax-H3 Stage1 TF-AnyFlow with its SP 2: dp 1 x accumulation 2 (world 2) = dp 2 x 1 (world 4);
+    SP peers draw the same values for their clip (one dp rank, the same positions)."""
+    from solar.data.synth import synthesize
+
+    data = tmp_path / "data"
+    synthesize("minimax_h3", data, samples=4, seed=5)
+    config = CONFIGS / "tiny" / "minimax_h3" / "train_stage1_tf_anyflow_158f.yaml"
+    runs = {}
+    for world in (2, 4):
+        runs[world] = _run(config, data, tmp_path / f"w{world}", world, 2,
+                           ["distributed.sequence_parallel_size=2", f"train.gradient_accumulation={4 // world}"])
+    for a, b in zip(runs[2], runs[4]):
+        assert a["clips"] == b["clips"], a["step"]   # each clip twice: its two SP peers' records
         assert a.keys() == b.keys()
         for key in a.keys() - {"step", "clips"}:
             assert abs(a[key] - b[key]) <= 1e-5 * max(abs(a[key]), abs(b[key]), 1e-12), (a["step"], key, a, b)
