@@ -102,7 +102,7 @@ def test_a_clip_generator_is_its_position_not_its_micro_batch():
     generators where they were."""
     both = fm.ClipDraws(1, 2, 6, 2, "critic")
     alone = fm.ClipDraws(1, 2, 7, 1, "critic")
-    assert fm.first_position(1, 2, 1, 2) == 6 and fm.first_position(3, 1, 0, 2) == 6
+    assert fm.first_position(1, 2, 1, 2) == 6 and fm.first_position(3, 4, 0, 2) == 6
     x = both.noise((2, 3, 4), "cpu", clips=[1])
     assert torch.equal(x[0], torch.zeros(3, 4)) and torch.equal(x[1:], alone.noise((1, 3, 4), "cpu"))
     y = both.noise((2, 5), "cpu")

@@ -3,7 +3,7 @@
 Hooks on the real model record what it is fed and what it returns; the expected inputs, targets,
 weights and loss are recomputed here from the formulas of the spec (float64), replaying only the
 documented draw order of each clip's generator ``fm.clip_generator(seed, step, position)``, the
-position being the clip's place in the step's global batch, ``(dp_rank * accumulation + micro) * B + i``.
+position being the clip's place in the step's global batch, ``(micro * dp_world + dp_rank) * B + i``.
 """
 
 from __future__ import annotations
@@ -69,7 +69,8 @@ def _run(model, cfg, batch, **kw):
 
 
 def _gens(cfg, step: int) -> list[torch.Generator]:
-    first = (DP_RANK * cfg.train.gradient_accumulation + MICRO) * B
+    dp_world = cfg.distributed.world_size // cfg.distributed.sequence_parallel_size
+    first = (MICRO * dp_world + DP_RANK) * B
     return [fm.clip_generator(cfg.train.seed, step, first + i) for i in range(B)]
 
 
@@ -91,7 +92,7 @@ def _per_frame_mse(pred: torch.Tensor, target: torch.Tensor) -> torch.Tensor:
 
 def _first_step_dropping(seed: int, probability: float, want: list[bool]) -> int:
     for step in range(1, 10_000):
-        first = (DP_RANK * 1 + MICRO) * B   # the tiny configs: gradient_accumulation 1
+        first = (MICRO * 1 + DP_RANK) * B   # the tiny configs: one dp rank
         if [fm.drop_decision(seed, step, 0, first + i, probability) for i in range(B)] == want:
             return step
     raise AssertionError("no step with the wanted drop pattern")

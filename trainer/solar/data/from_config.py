@@ -54,12 +54,14 @@ def launch_nodes(cfg: RunConfig) -> int:
 
 
 def rank_positions(cfg: RunConfig, rank: int) -> list[int]:
-    """The global-batch positions ``rank`` fills each step, in the order it consumes clips: its dp
-    rank's ``gradient_accumulation`` micro-batches of ``micro_batch_size`` clips (SP peers: the same)."""
+    """The global-batch positions ``rank`` fills each step, in the order it consumes clips: micro-batch
+    m of dp rank d holds positions ``(m * dp_world + d) * micro_batch_size + i`` (``fm.first_position``;
+    SP peers: the same)."""
     t, dist = cfg.train, cfg.distributed
-    per = t.micro_batch_size * t.gradient_accumulation
+    dp_world = dist.world_size // dist.sequence_parallel_size
     dp = rank // dist.sequence_parallel_size
-    return list(range(dp * per, (dp + 1) * per))
+    m = t.micro_batch_size
+    return [(micro * dp_world + dp) * m + i for micro in range(t.gradient_accumulation) for i in range(m)]
 
 
 def guard_settings(cfg: RunConfig) -> GuardSettings:

@@ -6,7 +6,8 @@ Readers are logical DP ranks, never raw ranks (semantics.md §3)::
     dp_rank = raw_rank // sp     global_reader = dp_rank * num_workers + worker_id
     reader RNG = Random(seed + global_reader * 100003)   (continues across epochs)
 
-``global_occurrence``: occurrence v (rows in order, repeats in order) goes to reader v % readers.
+``global_occurrence``: occurrence v (rows in order, repeats in order) goes to reader v % readers (an
+index with fewer occurrences than readers is passed over as often as it takes within the epoch).
 ``node_shard``: consecutive rows of one shard form a group; a group goes to node
 sha256(f"{seed}|{epoch}|{shard}") % nodes; a node RNG orders its groups; the node's occurrences are
 striped over its local readers. Each reader then passes its occurrences through a shuffle buffer
@@ -160,6 +161,11 @@ def assign(table: IndexTable, params: PlanParams, epoch: int,
     wanted = range(readers) if only is None else (only,)
     if params.mode == "global_occurrence":
         occ_rows, occ_reps = _expand(table)
+        if 0 < len(occ_rows) < readers:
+            # fewer occurrences than readers (a small index, a large global batch): the epoch passes over
+            # the index as often as it takes to give every reader one
+            passes = -(-readers // len(occ_rows))
+            occ_rows, occ_reps = occ_rows * passes, occ_reps * passes
         return {g: (occ_rows[g::readers], occ_reps[g::readers]) for g in wanted}
     # node_shard
     per_node = params.ranks_per_node // params.sequence_parallel_size * params.num_workers

@@ -114,11 +114,14 @@ def clip_generator(seed: int, step: int, position: int, purpose: str = "") -> to
     return torch.Generator().manual_seed(int.from_bytes(digest, "big") & ((1 << 63) - 1))
 
 
-def first_position(dp_rank: int, accumulation: int, micro: int, micro_batch: int) -> int:
-    """The global-batch position of a micro-batch's first clip: the step's clips are dealt to dp ranks
-    in order, each rank's ``accumulation`` micro-batches of ``micro_batch`` clips in order
-    (``solar.data.plan``: reader j of the run reads position j of every step)."""
-    return (dp_rank * accumulation + micro) * micro_batch
+def first_position(dp_rank: int, dp_world: int, micro: int, micro_batch: int) -> int:
+    """The global-batch position of a micro-batch's first clip. The step's clips are dealt micro-batch
+    by micro-batch: micro-batch m of every dp rank covers positions ``[m * dp_world * micro_batch,
+    (m + 1) * dp_world * micro_batch)``, dp rank d the d-th ``micro_batch`` of them
+    (``solar.data.from_config.rank_positions``: reader j of the run reads position j of every step).
+    So the step's positions are taken in increasing order micro-batch after micro-batch at any
+    topology, which keeps AnyFlow's rescale by the diffusion samples (the lowest positions) the same."""
+    return (micro * dp_world + dp_rank) * micro_batch
 
 
 class ClipDraws:

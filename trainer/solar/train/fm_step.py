@@ -28,7 +28,8 @@ def fm_loss(model, cfg: RunConfig, batch: Batch, *, step: int, dp_rank: int, mic
     x0 = batch.latents
     B, _, frames, _, _ = x0.shape
     device = x0.device
-    first = fm.first_position(dp_rank, cfg.train.gradient_accumulation, micro, B)
+    dp_world = cfg.distributed.world_size // cfg.distributed.sequence_parallel_size
+    first = fm.first_position(dp_rank, dp_world, micro, B)
     draws = fm.ClipDraws(cfg.train.seed, step, first, B)
     settings = cfg.train.fm
     drops = [fm.drop_decision(cfg.train.seed, step, 0, first + i, settings.image_condition_dropout or 0.0)

@@ -9,7 +9,7 @@
   weight, the same anchoring.
 
 Sample kinds (diffusion / consistency / flow-map) follow the sample's position in the logical-global
-batch of the step: ``fm.first_position(dp_rank, accumulation, micro, micro_batch) + i`` of
+batch of the step: ``fm.first_position(dp_rank, dp_world, micro, micro_batch) + i`` of
 ``dp_world * accumulation * micro_batch``. Randomness belongs to the clip (issue 39): one generator
 per clip, keyed by (seed, step, that position) (``fm.ClipDraws``), so a clip draws the same values at
 any topology with the same global batch, and SP peers (one dp rank) draw the same. Draw order of a
@@ -41,7 +41,8 @@ def _drops(cfg: RunConfig, step: int, first: int, batch: int) -> list[bool]:
 
 def _draws(cfg: RunConfig, step: int, dp_rank: int, micro: int, batch: int) -> tuple[fm.ClipDraws, int]:
     """The micro-batch's per-clip generators and its first clip's global-batch position."""
-    first = fm.first_position(dp_rank, cfg.train.gradient_accumulation, micro, batch)
+    dp_world = cfg.distributed.world_size // cfg.distributed.sequence_parallel_size
+    first = fm.first_position(dp_rank, dp_world, micro, batch)
     return fm.ClipDraws(cfg.train.seed, step, first, batch), first
 
 

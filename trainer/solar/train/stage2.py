@@ -17,7 +17,7 @@ optimizer) roles; the teacher's source is recorded and re-verified on resume.
 
 Randomness belongs to the clip (issue 39): one generator per clip and role, keyed by (seed, outer
 step, the clip's position in the update's global batch, "student"|"critic") (``fm.ClipDraws`` at
-``fm.first_position(dp_rank, accumulation, micro, micro_batch)``), so a clip draws the same values at
+``fm.first_position(dp_rank, dp_world, micro, micro_batch)``), so a clip draws the same values at
 any topology with the same global batch, and SP peers (one dp rank) draw the same. Draw order of a
 clip's generator: (H3: anchor noise, audio noise, audio time), rollout noise, its exit level of every
 chunk, its re-noising noise (chunk by chunk, level by level, only below its exit), score level, score
@@ -567,7 +567,7 @@ class Stage2:
         losses, extra, records = [], {}, []
         for micro, batch in self._batches(loop, step):
             B = batch.latents.shape[0]
-            draws = fm.ClipDraws(cfg.train.seed, step, fm.first_position(d.dp_rank, accum, micro, B), B, purpose=role)
+            draws = fm.ClipDraws(cfg.train.seed, step, fm.first_position(d.dp_rank, d.dp_world, micro, B), B, purpose=role)
             loop.heartbeat.update(phase=f"{role}-forward", step=step)
             with precision.autocast(cfg, d.device, sharded=sharded), phase(f"{role}-forward"):
                 loss, extra = loss_fn(loop.parts.model, batch, draws)
