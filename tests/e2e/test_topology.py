@@ -2,7 +2,7 @@
 world 1 x accumulation 4, world 2 x 2 and world 4 x 1 trains on the same clips (occurrence ids and start
 frames per step) with the same per-step losses and grad norms (fp32, rel 1e-5: only the reduction
 order differs), and a run stopped at world 4 after step 3 resumes at world 2 x accumulation 2 with
-exactly the steps the uninterrupted world-4 run took."""
+exactly the steps the uninterrupted runs take; a resume with another global batch is refused."""
 
 from __future__ import annotations
 
@@ -48,21 +48,24 @@ def _same_steps(a: list[dict], b: list[dict]) -> None:
 
 
 def test_wan_stage0p5_same_steps_at_any_topology_and_resumed_at_another(wan_data, tmp_path):
+    """World 2 x 2 and 1 x 4 run uninterrupted; world 4 x 1 runs steps 1-3, stops, and resumes at
+    world 2 x 2 for steps 4-6. All three shapes take the same clips and values at every step, so the
+    resumed steps are the ones the uninterrupted run takes (one uninterrupted world-4 run less: the
+    suite's time)."""
     config = TINY["wan22_ti2v_5b"]
     runs = {}
-    for world in (4, 2, 1):
+    for world in (2, 1):
         out = tmp_path / f"w{world}"
         proc = train(config, _sets(wan_data, out, world), nproc=world)
         assert proc.returncode == 0, proc.stderr[-3000:]
         runs[world] = out
-    reference, clips = steps(runs[4]), _clips(runs[4], 4)
+    reference, clips = steps(runs[2]), _clips(runs[2], 2)
     assert len(reference) == 6 and all(len(v) == GLOBAL for v in clips.values())
     assert len({c[0] for v in clips.values() for c in v}) == GLOBAL   # one reader per global-batch position
-    for world in (2, 1):
-        _same_steps(steps(runs[world]), reference)
-        assert _clips(runs[world], world) == clips, world
+    _same_steps(steps(runs[1]), reference)
+    assert _clips(runs[1], 1) == clips
 
-    # stopped at world 4 after step 3, resumed at world 2 x accumulation 2
+    # world 4 x 1 for steps 1-3, stopped, resumed at world 2 x accumulation 2
     split = tmp_path / "split"
     first = train(config, _sets(wan_data, split, 4, "runtime.exit_after_step=3"), nproc=4)
     assert first.returncode == 0 and result(split)["status"] == "stopped", first.stderr[-2000:]
@@ -74,10 +77,8 @@ def test_wan_stage0p5_same_steps_at_any_topology_and_resumed_at_another(wan_data
                                   f"checkpoint.path={checkpoint}"), nproc=2)
     assert resumed.returncode == 0, resumed.stderr[-3000:]
     assert result(split)["status"] == "complete"
-    after = [e for e in steps(split) if e["step"] > 3]
-    _same_steps(after, reference[3:])
-    got = _clips(split, 4)
-    assert {k: got[k] for k in (4, 5, 6)} == {k: clips[k] for k in (4, 5, 6)}
+    _same_steps(steps(split), reference)   # steps 1-3 at world 4, 4-6 resumed at world 2
+    assert _clips(split, 4) == clips
 
     # a resume that changes the global batch is refused before anything is written
     before = sorted(p.relative_to(split) for p in split.rglob("*"))

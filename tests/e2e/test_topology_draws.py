@@ -6,7 +6,8 @@ the per-step losses and grad norms agree up to reduction order (rel 1e-5): Stage
 AnyFlow's adaptive rescale (position 0 diffusion, 1 flow-map: at world 1 x 2 the flow-map clip's
 reference is micro-batch 0's diffusion loss, kept for the step by ``objective.objective_for``'s
 gather), Stage2's critic at every step and student from step 2 (one critic update per student update;
-a 6-latent rollout keeps it cheap); and MiniMax-H3 Stage1 with SP 2 at world 2 x 2 = world 4 x 1.
+a 6-latent rollout keeps it cheap), and each resumed at world 1 from a world-2 checkpoint; and
+MiniMax-H3 Stage1 with SP 2 stopped at world 4 and resumed at world 2 x accumulation 2.
 (Stage0.5 at world 1 x 4 / 2 x 2 / 4 x 1 and a resume at another topology: test_topology.py.)"""
 
 from __future__ import annotations
@@ -49,8 +50,18 @@ def _run(config, data, out, world: int, max_steps: int, extra: list[str]) -> lis
     return out_steps
 
 
+def _same(a: dict, b: dict) -> None:
+    assert a["step"] == b["step"]
+    assert a["clips"] == b["clips"], a["step"]   # the same clips, each at the same start frame
+    assert a.keys() == b.keys()
+    for key in a.keys() - {"step", "clips"}:
+        assert abs(a[key] - b[key]) <= 1e-5 * max(abs(a[key]), abs(b[key]), 1e-12), (a["step"], key, a, b)
+
+
 @pytest.mark.parametrize("route", sorted(ROUTES))
-def test_same_steps_at_world_1x2_and_2x1(route, wan_data, tmp_path):
+def test_same_steps_at_world_1x2_and_2x1_and_resumed_at_another(route, wan_data, tmp_path):
+    """Also: the world-2 run stopped after step 2 (its checkpoint: every role, both ranks' readers)
+    resumes at world 1 x accumulation 2 and takes step 3 as the uninterrupted runs did."""
     config, max_steps, extra = ROUTES[route]
     one = _run(config, wan_data, tmp_path / "w1", 1, max_steps, extra)
     two = _run(config, wan_data, tmp_path / "w2", 2, max_steps, extra)
@@ -58,26 +69,33 @@ def test_same_steps_at_world_1x2_and_2x1(route, wan_data, tmp_path):
     if route == "stage2_sgf":
         assert [("student_loss" in e) for e in one] == [False] + [True] * (max_steps - 1)
     for a, b in zip(one, two):
-        assert a["clips"] == b["clips"], a["step"]   # the same clips, each at the same start frame
-        assert a.keys() == b.keys()
-        for key in a.keys() - {"step", "clips"}:
-            assert abs(a[key] - b[key]) <= 1e-5 * max(abs(a[key]), abs(b[key]), 1e-12), (a["step"], key, a, b)
+        _same(a, b)
+    split = tmp_path / "split"
+    _run(config, wan_data, split, 2, max_steps, [*extra, "runtime.exit_after_step=2", "runtime.checkpoint_on_stop=true"])
+    resumed = _run(config, wan_data, split, 1, max_steps,
+                   [*extra, "runtime.checkpoint_on_stop=true", "checkpoint.mode=full_resume",
+                    f"checkpoint.path={split}/checkpoints/step_00000002"])
+    _same(resumed[-1], two[-1])
 
 
-def test_h3_stage1_same_steps_at_sp2_world_2x2_and_4x1(tmp_path):
-    """MiniMax-H3 Stage1 TF-AnyFlow with its SP 2: dp 1 x accumulation 2 (world 2) = dp 2 x 1 (world 4);
-    SP peers draw the same values for their clip (one dp rank, the same positions)."""
+def test_h3_stage1_at_sp2_world_4_resumed_at_world_2(tmp_path):
+    """MiniMax-H3 Stage1 TF-AnyFlow with its SP 2: a world-4 run (dp 2 x 1) stopped after step 1 and
+    resumed at world 2 (dp 1 x accumulation 2) takes step 2 as the uninterrupted world-4 run did; SP
+    peers draw the same values for their clip (one dp rank, the same positions)."""
     from solar.data.synth import synthesize
 
     data = tmp_path / "data"
     synthesize("minimax_h3", data, samples=4, seed=5)
     config = CONFIGS / "tiny" / "minimax_h3" / "train_stage1_tf_anyflow_158f.yaml"
-    runs = {}
-    for world in (2, 4):
-        runs[world] = _run(config, data, tmp_path / f"w{world}", world, 2,
-                           ["distributed.sequence_parallel_size=2", f"train.gradient_accumulation={4 // world}"])
-    for a, b in zip(runs[2], runs[4]):
-        assert a["clips"] == b["clips"], a["step"]   # each clip twice: its two SP peers' records
-        assert a.keys() == b.keys()
-        for key in a.keys() - {"step", "clips"}:
-            assert abs(a[key] - b[key]) <= 1e-5 * max(abs(a[key]), abs(b[key]), 1e-12), (a["step"], key, a, b)
+    sp = ["distributed.sequence_parallel_size=2", "train.global_batch_size=2"]
+    four = _run(config, data, tmp_path / "w4", 4, 2, [*sp, "train.gradient_accumulation=1"])
+    # stopped at world 4 (SP 2) after step 1, resumed at world 2 (SP 2) x accumulation 2: steps 1 and 2
+    # are the world-4 run's (each clip twice: its two SP peers' records)
+    split = tmp_path / "split"
+    first = _run(config, data, split, 4, 2, [*sp, "train.gradient_accumulation=1", "runtime.exit_after_step=1",
+                                            "runtime.checkpoint_on_stop=true"])
+    _same(first[0], four[0])
+    resumed = _run(config, data, split, 2, 2, [*sp, "train.gradient_accumulation=2", "runtime.checkpoint_on_stop=true",
+                                              "checkpoint.mode=full_resume",
+                                              f"checkpoint.path={split}/checkpoints/step_00000001"])
+    _same(resumed[-1], four[-1])
