@@ -270,3 +270,44 @@ def test_h3_reversed_time_anchor_and_encoded_silence():
     assert [r["timestep"] for r in records] == pytest.approx(t.tolist(), rel=1e-5)
     assert not any(r["image_condition_dropped"] for r in records)
     assert all(math.isfinite(r["loss"]) for r in records)
+
+
+# --- issue 39: a clip's draws are its own, whatever the micro-batch, accumulation or dp rank ------------
+
+def _part(batch: Batch, i: int) -> Batch:
+    pick = (lambda t: None if t is None else t[i:i + 1])  # noqa: E731
+    return Batch(pick(batch.latents), pick(batch.prompt), pick(batch.prompt_mask), pick(batch.cameras),
+                 pick(batch.image_condition), batch.identities[i:i + 1])
+
+
+@pytest.mark.parametrize("family", list(CONFIG))
+def test_a_clip_draws_the_same_in_any_micro_batch_split_and_at_any_dp_rank(family):
+    """Positions 0 and 1 of a global batch of 2: one micro-batch of 2 at world 1, two micro-batches of
+    1 (accumulation 2), and dp ranks 0 and 1 of world 2 feed the model the same inputs per clip
+    (noise, sigma/time, anchor, audio; the image-condition drop at p = 0.5) and give the same losses."""
+    sets = ["train.global_batch_size=null", *([] if family == "minimax_h3" else ["train.fm.image_condition_dropout=0.5"])]
+    cfg, model, batch = _setup(family, *sets, "train.micro_batch_size=2")
+    silence = torch.randn(2, 6, model.cfg.audio_in_channels, generator=torch.Generator().manual_seed(4)) \
+        if family == "minimax_h3" else None
+    kw = {"audio_silence": silence} if silence is not None else {}
+
+    def run(cfg, part, dp_rank, micro):
+        seen = {}
+        handle = model.register_forward_pre_hook(
+            lambda m, args, kwargs: seen.update(args=[a.detach().clone() for a in args if torch.is_tensor(a)]),
+            with_kwargs=True)
+        try:
+            _, records = fm_loss(model, cfg, part, step=STEP, dp_rank=dp_rank, micro=micro, **kw)
+        finally:
+            handle.remove()
+        return seen["args"], [(r["timestep"], r["image_condition_dropped"], float(r["loss"])) for r in records]
+
+    joint_args, joint = run(cfg, batch, 0, 0)
+    accum = _setup(family, *sets, "train.gradient_accumulation=2")[0]
+    world2 = _setup(family, *sets, "distributed.world_size=2")[0]
+    for split_cfg, where in ((accum, lambda i: (0, i)), (world2, lambda i: (i, 0))):
+        for i in range(B):
+            args, records = run(split_cfg, _part(batch, i), *where(i))
+            assert records[0][:2] == joint[i][:2] and records[0][2] == pytest.approx(joint[i][2], rel=1e-5)
+            for a, b in zip(args, joint_args):
+                assert torch.allclose(a, b[i:i + 1], atol=1e-6), family
