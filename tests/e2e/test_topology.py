@@ -2,13 +2,16 @@
 world 1 x accumulation 4, world 2 x 2 and world 4 x 1 trains on the same clips (occurrence ids and start
 frames per step) with the same per-step losses and grad norms (fp32, rel 1e-5: only the reduction
 order differs), and a run stopped at world 4 after step 3 resumes at world 2 x accumulation 2 with
-exactly the steps the uninterrupted runs take; a resume with another global batch is refused."""
+exactly the steps the uninterrupted runs take, from its sharded checkpoint into an unsharded run; SP 2
+at world 2 x accumulation 4 takes the same steps too; a resume with another global batch is refused."""
 
 from __future__ import annotations
 
 import json
 
 import pytest
+import torch
+from safetensors.torch import load_file
 
 from tests.e2e.helpers import TINY, result, steps, train
 
@@ -48,8 +51,8 @@ def _same_steps(a: list[dict], b: list[dict]) -> None:
 
 
 def test_wan_stage0p5_same_steps_at_any_topology_and_resumed_at_another(wan_data, tmp_path):
-    """World 2 x 2 and 1 x 4 run uninterrupted; world 4 x 1 runs steps 1-3, stops, and resumes at
-    world 2 x 2 for steps 4-6. All three shapes take the same clips and values at every step, so the
+    """World 2 x 2, 1 x 4 and SP 2 at world 2 x 4 run uninterrupted; world 4 x 1 runs steps 1-3,
+    stops, and resumes at world 2 x 2 for steps 4-6. All three shapes take the same clips and values at every step, so the
     resumed steps are the ones the uninterrupted run takes (one uninterrupted world-4 run less: the
     suite's time)."""
     config = TINY["wan22_ti2v_5b"]
@@ -65,11 +68,25 @@ def test_wan_stage0p5_same_steps_at_any_topology_and_resumed_at_another(wan_data
     _same_steps(steps(runs[1]), reference)
     assert _clips(runs[1], 1) == clips
 
-    # world 4 x 1 for steps 1-3, stopped, resumed at world 2 x accumulation 2
+    # SP 2 at world 2: one logical dp rank x accumulation 4
+    sp = tmp_path / "sp2"
+    proc = train(config, [*_sets(wan_data, sp, 2), "distributed.sequence_parallel_size=2",
+                          "train.gradient_accumulation=4"], nproc=2)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    _same_steps(steps(sp), reference)
+    assert _clips(sp, 2) == clips   # each clip once: SP peers record the same clip
+    a = load_file(runs[1] / "checkpoints" / "step_00000006" / "model" / "live.safetensors")
+    b = load_file(sp / "checkpoints" / "step_00000006" / "model" / "live.safetensors")
+    assert a.keys() == b.keys() and all(torch.allclose(a[k], b[k], atol=1e-5, rtol=1e-4) for k in a)
+
+    # world 4 x 1, sharded (every rank writes its shards), for steps 1-3, stopped, resumed unsharded at
+    # world 2 x accumulation 2
     split = tmp_path / "split"
-    first = train(config, _sets(wan_data, split, 4, "runtime.exit_after_step=3"), nproc=4)
+    first = train(config, _sets(wan_data, split, 4, "runtime.exit_after_step=3", "distributed.sharding=full_shard"),
+                  nproc=4)
     assert first.returncode == 0 and result(split)["status"] == "stopped", first.stderr[-2000:]
     checkpoint = split / "checkpoints" / "step_00000003"
+    assert (checkpoint / "shards.json").is_file()
     position = json.loads((checkpoint / "data" / "position.json").read_text())
     assert position["step"] == 3 and position["global_batch_size"] == GLOBAL
     assert position["saved_with"]["world_size"] == 4 and position["saved_with"]["gradient_accumulation"] == 1

@@ -79,23 +79,25 @@ def test_same_steps_at_world_1x2_and_2x1_and_resumed_at_another(route, wan_data,
 
 
 def test_h3_stage1_at_sp2_world_4_resumed_at_world_2(tmp_path):
-    """MiniMax-H3 Stage1 TF-AnyFlow with its SP 2: a world-4 run (dp 2 x 1) stopped after step 1 and
-    resumed at world 2 (dp 1 x accumulation 2) takes step 2 as the uninterrupted world-4 run did; SP
-    peers draw the same values for their clip (one dp rank, the same positions)."""
+    """MiniMax-H3 Stage1 TF-AnyFlow with its SP 2: a world-4 run (dp 2 x 1) takes step 1 as world 2 (dp 1
+    x accumulation 2) does, and stopped after it and resumed at world 2 it takes step 2 as the
+    uninterrupted world-2 run did; SP peers draw the same values for their clip (one dp rank, the same
+    positions)."""
     from solar.data.synth import synthesize
 
     data = tmp_path / "data"
     synthesize("minimax_h3", data, samples=4, seed=5)
     config = CONFIGS / "tiny" / "minimax_h3" / "train_stage1_tf_anyflow_158f.yaml"
     sp = ["distributed.sequence_parallel_size=2", "train.global_batch_size=2"]
-    four = _run(config, data, tmp_path / "w4", 4, 2, [*sp, "train.gradient_accumulation=1"])
-    # stopped at world 4 (SP 2) after step 1, resumed at world 2 (SP 2) x accumulation 2: steps 1 and 2
-    # are the world-4 run's (each clip twice: its two SP peers' records)
+    two = _run(config, data, tmp_path / "w2", 2, 2, [*sp, "train.gradient_accumulation=2"])
+    # world 4 (SP 2, dp 2 x 1) for step 1, stopped, resumed at world 2 (SP 2, dp 1 x accumulation 2): step 1
+    # at world 4 and the resumed step 2 are the uninterrupted world-2 run's (each clip twice: its two SP
+    # peers' records)
     split = tmp_path / "split"
     first = _run(config, data, split, 4, 2, [*sp, "train.gradient_accumulation=1", "runtime.exit_after_step=1",
                                             "runtime.checkpoint_on_stop=true"])
-    _same(first[0], four[0])
+    _same(first[0], two[0])
     resumed = _run(config, data, split, 2, 2, [*sp, "train.gradient_accumulation=2", "runtime.checkpoint_on_stop=true",
                                               "checkpoint.mode=full_resume",
                                               f"checkpoint.path={split}/checkpoints/step_00000001"])
-    _same(resumed[-1], four[-1])
+    _same(resumed[-1], two[-1])
