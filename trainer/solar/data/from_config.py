@@ -31,19 +31,14 @@ def plan_params(cfg: RunConfig, plan_nodes: int | None = None) -> PlanParams:
     topology with the same global batch (issue 39). With one clip per dp rank and step and one worker
     this is semantics.md §3's plan of logical dp ranks. ``plan_nodes`` (``node_shard``): the node count
     the plan spreads shard groups over, fixed at the run's first launch (its data state records it)."""
-    d, t = cfg.data, cfg.train
-    batch = t.global_batch_size or global_batch(cfg)
+    d = cfg.data
+    batch = cfg.train.global_batch_size   # resolved for every train config (solar.config.topology)
     nodes = plan_nodes or launch_nodes(cfg)
     if batch % nodes:
         nodes = 1
     return PlanParams(seed=d.seed, pixel_frames=d.pixel_frames, world_size=batch, sequence_parallel_size=1,
                       local_world_size=batch // nodes, num_workers=d.num_workers, mode=d.sampling,
                       shuffle_buffer=d.shuffle_buffer, random_start=d.random_start)
-
-
-def global_batch(cfg: RunConfig) -> int:
-    t, dist = cfg.train, cfg.distributed
-    return dist.world_size // dist.sequence_parallel_size * t.micro_batch_size * t.gradient_accumulation
 
 
 def launch_nodes(cfg: RunConfig) -> int:
@@ -73,7 +68,7 @@ def guard_settings(cfg: RunConfig) -> GuardSettings:
 def train_stream(cfg: RunConfig, rank: int, state: dict | None = None) -> RankStream:
     """This rank's training stream; ``state``: a full resume's (``stream.merge_states`` of every rank's
     saved state, at any topology with the same global batch)."""
-    batch = cfg.train.global_batch_size or global_batch(cfg)
+    batch = cfg.train.global_batch_size
     if state is not None and state.get("global_batch_size") not in (None, batch):
         raise DataError(f"the checkpoint's data stream was saved with global batch {state['global_batch_size']}, "
                         f"this run's is {batch}: a full resume keeps the global batch (world / sequence parallel "
@@ -82,6 +77,5 @@ def train_stream(cfg: RunConfig, rank: int, state: dict | None = None) -> RankSt
     source = ClipSource(str(index), load_table(index), cfg.data.root, layout_of(cfg),
                         cfg.data.pixel_frames, guard_settings(cfg))
     params = plan_params(cfg, (state or {}).get("plan_nodes"))
-    stream = RankStream(source, params, rank, state, positions=rank_positions(cfg, rank))
-    stream.global_batch_size, stream.plan_nodes = batch, params.nodes
-    return stream
+    return RankStream(source, params, rank, state, positions=rank_positions(cfg, rank),
+                      global_batch_size=batch, plan_nodes=params.nodes)

@@ -169,7 +169,8 @@ class RankStream:
     turns round-robin; the rank cycles through its positions in order."""
 
     def __init__(self, source: ClipSource, params: PlanParams, rank: int,
-                 state: dict | None = None, *, positions: list[int] | None = None) -> None:
+                 state: dict | None = None, *, positions: list[int] | None = None,
+                 global_batch_size: int | None = None, plan_nodes: int | None = None) -> None:
         self.source, self.params = source, params
         w = params.num_workers
         if positions is None:
@@ -191,8 +192,8 @@ class RankStream:
         self.turns = [int(turns.get(str(group[0]), 0)) for group in groups]
         self.at = int((state or {}).get("at", 0)) % len(groups)
         self.skipped: list[str] = []
-        self.global_batch_size: int | None = None   # recorded in the state when set (training)
-        self.plan_nodes: int | None = None
+        self.global_batch_size = global_batch_size   # recorded in the state when set (training)
+        self.plan_nodes = plan_nodes
         for reader in self.readers.values():
             self.source.prefetch_rows(set(reader.epoch_plan.rows))
 
