@@ -26,8 +26,8 @@ CONFIG = CONFIGS / "tiny" / "wan22_ti2v_5b" / "train_stage0p5_fm_81f.yaml"
 
 def test_noise_and_batch_reach_the_gpu_with_the_host_values():
     shape = (2, 48, 21, 44, 80)  # one released-shape clip's latents, twice
-    host = torch.randn(shape, generator=fm.step_generator(42, 3, 0, 0))
-    on_gpu = host_noise(shape, fm.step_generator(42, 3, 0, 0), torch.device("cuda"))
+    host = torch.randn(shape, generator=fm.clip_generator(42, 3, 0))
+    on_gpu = host_noise(shape, fm.clip_generator(42, 3, 0), torch.device("cuda"))
     assert on_gpu.is_cuda and torch.equal(on_gpu.cpu(), host)
     t = torch.randn(4, 512, 64)
     moved = to_device(t, "cuda")

@@ -74,8 +74,9 @@ def test_objective_conventions():
     assert fm.masked_mse(pred, target, mask).item() == pytest.approx(5.0)  # frame 0 excluded
     draws = [fm.drop_decision(1, s, 0, 0, 0.1) for s in range(2000)]
     assert 0.07 < sum(draws) / len(draws) < 0.13
-    g1, g2 = fm.step_generator(1, 2, 3, 0), fm.step_generator(1, 2, 3, 0)
-    assert torch.equal(torch.randn(4, generator=g1), torch.randn(4, generator=g2))
+    g1, g2, g3 = fm.clip_generator(1, 2, 3), fm.clip_generator(1, 2, 3), fm.clip_generator(1, 2, 4)
+    a = torch.randn(4, generator=g1)
+    assert torch.equal(a, torch.randn(4, generator=g2)) and not torch.equal(a, torch.randn(4, generator=g3))
     sig = fm.sample_ltx_sigmas(1000, 480, torch.Generator().manual_seed(0))
     assert sig.min() >= 1e-3 and sig.max() <= 1 - 1e-3
     t = fm.sample_h3_times(1000, 12.0, torch.Generator().manual_seed(0))

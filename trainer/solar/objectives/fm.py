@@ -90,17 +90,6 @@ def drop_decision(seed: int, step: int, dp_rank: int, index: int, probability: f
     return int.from_bytes(digest, "big") / 2**64 < probability
 
 
-def step_generator(seed: int, step: int, dp_rank: int, micro: int, device: str | torch.device = "cpu",
-                   purpose: str = "") -> torch.Generator:
-    """The noise/timestep generator of one micro-batch: identical on SP peers (same dp rank).
-    ``purpose`` separates independent streams of one step (Stage2: student and critic)."""
-    import hashlib
-
-    label = f"noise|{seed}|{step}|{dp_rank}|{micro}" + (f"|{purpose}" if purpose else "")
-    digest = hashlib.blake2s(label.encode(), digest_size=8).digest()
-    return torch.Generator(device=device).manual_seed(int.from_bytes(digest, "big") & ((1 << 63) - 1))
-
-
 def clip_generator(seed: int, step: int, position: int, purpose: str = "") -> torch.Generator:
     """The generator of one clip of a step: keyed by the run's seed, the step and the clip's position in
     the step's global batch (``first_position`` + i), never by a rank, a reader or a micro-batch size,
@@ -154,5 +143,6 @@ class ClipDraws:
         return torch.cat([draw(g) for g in self.gens])
 
 
-__all__ = ["ClipDraws", "clip_generator", "first_position", "gaussian_weights", "masked_mse", "noisy_h3", "noisy_sigma", "sample_h3_times", "sample_ltx_sigmas",
-           "sample_wan_sigmas", "shift_sigma", "sigma_table", "step_generator", "drop_decision", "ltx_mu"]
+__all__ = ["ClipDraws", "clip_generator", "first_position", "gaussian_weights", "masked_mse", "noisy_h3", "noisy_sigma",
+           "sample_h3_times", "sample_ltx_sigmas", "sample_wan_sigmas", "shift_sigma", "sigma_table", "drop_decision",
+           "ltx_mu"]
