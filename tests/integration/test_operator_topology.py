@@ -56,7 +56,8 @@ def test_a_topology_change_resumes_at_the_new_shape_and_a_batch_change_is_refuse
         assert "from 8 to 4" in message and "{gradientAccumulation: 2, microBatchSize: 1}" in message
         world.patch_spec("shape", {"runPolicy": {"suspend": False}})
         world.wait_status("shape", lambda s: _stage(s, "fm").get("reason") == "TopologyMismatch", "fm held")
-        time.sleep(1.5)   # several polls: still no job
+        wait_for(lambda: "TopologyMismatch" in world.event_reasons("shape"), message="the mismatch event")
+        time.sleep(1.5)   # several polls: still no job, and no second event (kopf posts events asynchronously)
         assert "shape-fm" not in world.jobs() and world.status("shape")["phase"] == "Pending"
         assert world.event_reasons("shape").count("TopologyMismatch") == 1
 
@@ -73,7 +74,8 @@ def test_a_topology_change_resumes_at_the_new_shape_and_a_batch_change_is_refuse
         assert [(a["attempt"], a["topology"]["worldSize"], a["topology"]["gradientAccumulation"],
                  a["topology"]["globalBatchSize"], a.get("resumedFrom")) for a in _stage(status, "fm")["attempts"]] \
             == [(1, 8, 1, 8, None), (2, 4, 2, 8, 2)]
-        assert "TopologyChanged" in world.event_reasons("shape")
+        wait_for(lambda: "TopologyChanged" in world.event_reasons("shape"),   # posted asynchronously by kopf
+                 message="the TopologyChanged event")
 
         # attempt 2 saves step 3 (with its data position) and fails; the retry's topology is checked
         # against that checkpoint's position file
