@@ -28,7 +28,10 @@ tools:
 # module fixtures are built once; TEST_WORKERS=1 runs it in this process.
 TEST_WORKERS ?= 2
 
+# The project's own modules are byte-compiled first: every test launches many processes (torchrun
+# ranks, the CLI, the operator), and where PYTHONDONTWRITEBYTECODE is set each would compile them again.
 test: $(STAMP) tools
+	$(BIN)/python -m compileall -q trainer operator > /dev/null
 	$(BIN)/python -m pytest $(if $(filter 1,$(TEST_WORKERS)),,-n $(TEST_WORKERS) --dist loadfile)
 
 clean:

@@ -11,7 +11,7 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
-import yaml
+from tests.support.yaml_docs import file_docs
 
 ANCHORS = Path(__file__).resolve().parents[2].parent / "shared" / "anchors"
 
@@ -43,8 +43,7 @@ def strict(node: dict) -> dict:
 
 
 def crd_validator_schema(path: Path, version: str | None = None) -> dict:
-    docs = [d for d in yaml.safe_load_all(path.read_text()) if d]
-    crd = next(d for d in docs if d.get("kind") == "CustomResourceDefinition")
+    crd = next(d for d in file_docs(path) if d.get("kind") == "CustomResourceDefinition")
     versions = crd["spec"]["versions"]
     chosen = next(v for v in versions if version is None or v["name"] == version)
     schema = strict(chosen["schema"]["openAPIV3Schema"])

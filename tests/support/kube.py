@@ -49,6 +49,8 @@ import yaml
 from kmock import KubernetesEmulator, KubernetesError, ResourceInfo, resource
 from kmock._internal import rendering
 
+from tests.support.yaml_docs import file_docs
+
 assert _dist_version("kmock") == "0.8", "FaithfulEmulator subclasses kmock 0.8 internals; re-check on upgrade"
 
 KUBECTL = "/usr/bin/kubectl"
@@ -765,8 +767,7 @@ class Cluster:
 
 def _load_yaml_docs(paths: list[Path]) -> Iterator[dict[str, Any]]:
     for path in paths:
-        docs = yaml.safe_load_all(Path(path).read_text())
-        yield from (d for d in docs if d and d.get("kind") == "CustomResourceDefinition")
+        yield from (d for d in file_docs(path) if d.get("kind") == "CustomResourceDefinition")
 
 
 @contextmanager

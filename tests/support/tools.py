@@ -11,6 +11,8 @@ from pathlib import Path
 import pytest
 import yaml
 
+from tests.support.yaml_docs import parse_all
+
 REPO = Path(__file__).resolve().parents[2]
 BIN = REPO / ".cache" / "tools" / "bin"
 CHART = REPO / "charts" / "solar-operator"
@@ -49,4 +51,4 @@ def render(tmp: Path, values: dict | None = None, *, monitoring_api: bool = Fals
     if monitoring_api:
         args += ["--api-versions", MONITORING_API]
     out = helm(*args, tmp=tmp).stdout
-    return [doc for doc in yaml.safe_load_all(out) if doc]
+    return parse_all(out)
