@@ -2,9 +2,9 @@
 unsharded run's per-step losses and gradient norms (Wan at world 2 full_shard and hybrid_shard over
 two node groups; MiniMax-H3 at world 4 with the route's SP 4, its roles on one shared LoRA base, is in
 test_stage2_shared_base.py); a sharded run resumes exactly from its
-own checkpoint, and a sharded checkpoint resumes an unsharded run (and the other way round). Ranks
-draw their own rollout exit levels, so they run different numbers of chunk forwards: the ranks with
-fewer run discarded ones, or these runs would hang in FSDP2's gathers."""
+own checkpoint, and a sharded checkpoint resumes an unsharded run (and the other way round). Each
+clip draws its own rollout exit levels, so ranks run different numbers of chunk forwards: the ranks
+with fewer run discarded ones, or these runs would hang in FSDP2's gathers."""
 
 from __future__ import annotations
 
