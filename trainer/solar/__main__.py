@@ -1,5 +1,3 @@
-import sys
+from solar.cli import run
 
-from solar.cli import main
-
-sys.exit(main())
+run()
