@@ -35,7 +35,7 @@ def _steps(run) -> list[dict]:
 
 
 def _videos(run) -> dict[str, str]:
-    root = run / "validation" / "step_00000008"
+    root = run / "validation" / "step_00000003"
     out = {}
     for manifest in sorted(root.glob("*/slot_*/manifest.json")):
         doc = json.loads(manifest.read_text())
@@ -65,22 +65,24 @@ def h3(tmp_path_factory):
 
 
 def _run(h3, name, *extra, extra_env=None):
-    # student updates at outer steps 6 and 11: one here, saved with the step-6 checkpoint
+    # one critic update per student update: the student updates from step 2 on, saved with the step-2
+    # checkpoint (with its EMA)
     out = h3 / name
     sets = [f"data.root={h3 / 'data'}", f"runtime.output_dir={out}", f"model.pretrained_path={h3 / 'base'}",
-            "runtime.log_every=100", "train.max_steps=8", "runtime.save_every=0", "runtime.save_steps=[6]",
-            "runtime.validate_every=0", "validation.decode_latents=7", *extra]
+            "runtime.log_every=100", "train.max_steps=3", "train.sgf.critic_updates_per_student=1",
+            "runtime.save_every=0", "runtime.save_steps=[2]", "runtime.validate_every=0",
+            "validation.decode_latents=7", *extra]
     return _ok(train(H3, sets, nproc=4, extra_env=extra_env, timeout=600))
 
 
 @pytest.fixture(scope="module")
 def shared(h3):
     """The straight unsharded run on the shared base, validated at its last step."""
-    return _run(h3, "shared", "runtime.validation_steps=[8]")
+    return _run(h3, "shared", "runtime.validation_steps=[3]")
 
 
 def test_roles_share_one_base_and_train_as_with_a_copy_each(h3, shared):
-    _run(h3, "separate", "runtime.validation_steps=[8]", extra_env=SEPARATE)
+    _run(h3, "separate", "runtime.validation_steps=[3]", extra_env=SEPARATE)
     assert "share one LoRA base" in shared.stderr
     [one] = _events(h3 / "shared", "models")
     [model] = one["models"]
@@ -95,20 +97,20 @@ def test_roles_share_one_base_and_train_as_with_a_copy_each(h3, shared):
 
 
 def test_sharded_shared_base_checkpoint_continues_unsharded_with_a_copy_each(h3, shared):
-    """full_shard over the four ranks to the step-6 checkpoint, then a full resume unsharded with a
+    """full_shard over the four ranks to the step-2 checkpoint, then a full resume unsharded with a
     copy of the base per role: every step as the straight unsharded run (reduction order aside)."""
     from solar.launch.materialize import role_tensors
 
     run = h3 / "moved"
-    _run(h3, "moved", "distributed.sharding=full_shard", "runtime.exit_after_step=6", "runtime.validation_steps=[]")
-    ckpt = run / "checkpoints" / "step_00000006"
+    _run(h3, "moved", "distributed.sharding=full_shard", "runtime.exit_after_step=2", "runtime.validation_steps=[]")
+    ckpt = run / "checkpoints" / "step_00000002"
     for role in ("student", "critic"):  # adapter-only, named as a single-role model names them
         names = list(role_tensors(ckpt, role, "live"))   # every rank's shards of them
         assert names and all(n.endswith((".lora_A.weight", ".lora_B.weight")) for n in names), names[:4]
     _run(h3, "moved", "runtime.validation_steps=[]", "checkpoint.mode=full_resume", f"checkpoint.path={ckpt}",
          extra_env=SEPARATE)
     moved, straight = _steps(run), _steps(h3 / "shared")
-    assert [s["step"] for s in moved] == [s["step"] for s in straight] == list(range(1, 9))
+    assert [s["step"] for s in moved] == [s["step"] for s in straight] == list(range(1, 4))
     for x, y in zip(moved, straight):
         for key in KEYS:
             assert (key in x) == (key in y)
