@@ -90,7 +90,8 @@ def test_a_trainjob_run_retries_a_failed_job_and_succeeds_like_a_pytorchjob_run(
         assert (f'solar_run_phase{{namespace="{world.namespace}",phase="Succeeded",run="tj",'
                 f'stage="generate"}} 1.0') in text
         assert f'solar_run_checkpoint_step{{namespace="{world.namespace}",run="tj",stage="fm"}} 4.0' in text
-        assert world.event_reasons("tj")[-1] == "Completed"
+        wait_for(lambda: world.event_reasons("tj")[-1:] == ["Completed"],   # kopf posts events asynchronously
+                 message="the Completed event")
 
 
 def test_suspend_sets_the_trainjobs_suspend_and_resume_replaces_the_job(trainjob_world):
@@ -195,7 +196,8 @@ def test_a_job_its_queue_preempts_is_replaced_by_an_attempt_from_the_checkpoint(
         assert "checkpoint.path=/runs/team-a/pre/fm/checkpoints/step_00000002" in job["spec"]["trainer"]["args"]
         wait_for(lambda: len(admissions) == 2, timeout=20, message="attempt 2 admitted by the queue")
         status = world.status("pre")
-        assert _stage(status, "fm")["failures"] == 0 and "StagePreempted" in world.event_reasons("pre")
+        assert _stage(status, "fm")["failures"] == 0
+        wait_for(lambda: "StagePreempted" in world.event_reasons("pre"), message="the StagePreempted event")
         world.write_stage("pre", "fm")
         world.set_job("pre-fm", "Succeeded")
         world.wait_phase("pre", "Succeeded")

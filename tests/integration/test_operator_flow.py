@@ -138,7 +138,8 @@ def test_failed_jobs_retry_from_the_newest_checkpoint_then_the_run_fails(world):
         assert failed["reason"] == "BackoffLimitExceeded" and "OOMKilled" in failed["message"]
         assert diagnosed in failed["message"] and diagnosed in _stage(status, "fm")["message"]
         assert "retry-fm" in world.jobs()  # the last failed job is kept for inspection
-        assert "JobFailed" in world.event_reasons("retry") and "BackoffLimitExceeded" in world.event_reasons("retry")
+        wait_for(lambda: {"JobFailed", "BackoffLimitExceeded"} <= set(world.event_reasons("retry")),
+                 message="the failure events (kopf posts them asynchronously)")
     # both attempts counted by the trainer's error type (the second left the first attempt's run-result)
     assert _failures("non_finite") - before[0] == 2 and _failures("unknown") == before[1]
 
