@@ -28,10 +28,12 @@ KEYS = ("loss", "grad_norm", "student_loss", "student_grad_norm")
 
 
 def _sets(data, out, world, *extra):
-    # student updates at outer steps 6 and 11; the config validates (self-forcing, EMA) every 5 steps
+    # one critic update per student update: the student updates from step 2 on (the step-2 checkpoint
+    # holds its first update and EMA); validation (self-forcing, EMA) at the last step
     return [f"data.root={data}", f"runtime.output_dir={out}", "runtime.log_every=100", f"distributed.world_size={world}",
-            "train.max_steps=8", "runtime.save_every=0", "runtime.save_steps=[6]", "runtime.validate_every=0",
-            "runtime.validation_steps=[8]", "validation.decode_latents=1", *extra]
+            "train.max_steps=4", "train.sgf.critic_updates_per_student=1", "runtime.save_every=0",
+            "runtime.save_steps=[2]", "runtime.validate_every=0", "runtime.validation_steps=[4]",
+            "validation.decode_latents=1", *extra]
 
 
 def _steps(run) -> list[dict]:
@@ -55,12 +57,12 @@ def _ok(proc):
 
 @pytest.fixture(scope="module")
 def wan(wan_data, tmp_path_factory):
-    """Wan at world 2: unsharded and full_shard straight to step 8, and the full_shard run stopped
-    after its step-6 checkpoint (the student has updated once and has an EMA)."""
+    """Wan at world 2: unsharded and full_shard straight to step 4, and the full_shard run stopped
+    after its step-2 checkpoint (the student has updated once and has an EMA)."""
     base = tmp_path_factory.mktemp("stage2-sharded")
     runs = {}
     for name, extra in (("plain", ["distributed.sharding=none"]), ("sharded", ["distributed.sharding=full_shard"]),
-                        ("split", ["distributed.sharding=full_shard", "runtime.exit_after_step=6"])):
+                        ("split", ["distributed.sharding=full_shard", "runtime.exit_after_step=2"])):
         runs[name] = base / name
         _ok(train(WAN, _sets(wan_data, runs[name], 2, "train.global_batch_size=2", *extra), nproc=2))
     return {"base": base, "data": wan_data, **runs}
@@ -69,18 +71,18 @@ def wan(wan_data, tmp_path_factory):
 def test_full_shard_matches_unsharded_and_validates(wan):
     _close(_steps(wan["sharded"]), _steps(wan["plain"]))
     assert any("student_loss" in s for s in _steps(wan["sharded"]))  # a student update ran sharded
-    doc = json.loads((wan["sharded"] / "validation" / "step_00000008" / "COMPLETE.json").read_text())
+    doc = json.loads((wan["sharded"] / "validation" / "step_00000004" / "COMPLETE.json").read_text())
     assert doc["status"] == "complete" and doc["ok_slots"] == doc["slots"] > 0
     assert result(wan["sharded"])["status"] == "complete"
 
 
 def test_a_sharded_run_resumes_exactly_from_its_own_checkpoint(wan):
-    split, ckpt = wan["split"], wan["split"] / "checkpoints" / "step_00000006"
+    split, ckpt = wan["split"], wan["split"] / "checkpoints" / "step_00000002"
     assert result(split)["status"] == "stopped"
     _ok(train(WAN, _sets(wan["data"], split, 2, "train.global_batch_size=2", "distributed.sharding=full_shard",
                          "checkpoint.mode=full_resume", f"checkpoint.path={ckpt}"), nproc=2))
     assert _steps(split) == _steps(wan["sharded"])  # both launches append to one event log
-    a, b = split / "checkpoints" / "step_00000008", wan["sharded"] / "checkpoints" / "step_00000008"
+    a, b = split / "checkpoints" / "step_00000004", wan["sharded"] / "checkpoints" / "step_00000004"
     assert (a / "shards.json").is_file()   # saved sharded: every rank its own part
     for role, kind in (("student", "live"), ("student", "ema"), ("student", "optimizer"), ("critic", "live"),
                        ("critic", "optimizer")):
@@ -93,14 +95,14 @@ def test_a_sharded_run_resumes_exactly_from_its_own_checkpoint(wan):
 
 @pytest.mark.parametrize("sharding", ["none", "full_shard"])
 def test_checkpoints_move_between_sharded_and_unsharded_runs(sharding, wan, tmp_path):
-    """A full resume may change distributed.sharding: the sharded run's step-6 checkpoint continues
+    """A full resume may change distributed.sharding: the sharded run's step-2 checkpoint continues
     unsharded, and an unsharded run's continues sharded; the steps after it match the straight runs
     (a reordered reduction moves the last bits only)."""
     run, first = tmp_path / "moved", "full_shard" if sharding == "none" else "none"
     _ok(train(WAN, _sets(wan["data"], run, 2, "train.global_batch_size=2", f"distributed.sharding={first}",
-                         "runtime.exit_after_step=6"), nproc=2))
+                         "runtime.exit_after_step=2"), nproc=2))
     _ok(train(WAN, _sets(wan["data"], run, 2, "train.global_batch_size=2", f"distributed.sharding={sharding}",
-                         "checkpoint.mode=full_resume", f"checkpoint.path={run / 'checkpoints' / 'step_00000006'}"),
+                         "checkpoint.mode=full_resume", f"checkpoint.path={run / 'checkpoints' / 'step_00000002'}"),
               nproc=2))
     _close(_steps(run), _steps(wan["plain"]))
     assert result(run)["status"] == "complete"
@@ -112,7 +114,7 @@ def test_hybrid_shard_over_two_node_groups_matches_unsharded(wan, tmp_path):
     port = free_port()
     out = tmp_path / "hybrid"
     sets = _sets(wan["data"], out, 4, "train.global_batch_size=4", "distributed.sharding=hybrid_shard",
-                 "runtime.validation_steps=[]", "train.max_steps=6")
+                 "runtime.validation_steps=[]", "train.max_steps=3")
     args = ["-m", "solar", "train", "--config", str(WAN)]
     for item in sets:
         args += ["--set", item]
@@ -125,7 +127,7 @@ def test_hybrid_shard_over_two_node_groups_matches_unsharded(wan, tmp_path):
         assert node.returncode == 0, err[-3000:]
     plain = tmp_path / "plain"
     _ok(train(WAN, _sets(wan["data"], plain, 4, "train.global_batch_size=4", "distributed.sharding=none",
-                         "runtime.validation_steps=[]", "train.max_steps=6"), nproc=4))
+                         "runtime.validation_steps=[]", "train.max_steps=3"), nproc=4))
     manifest = json.loads((out / "launch-manifest.json").read_text())
     assert manifest["topology"]["world_size"] == 4
     _close(_steps(out), _steps(plain))
