@@ -11,6 +11,7 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
+
 from tests.support.yaml_docs import file_docs
 
 ANCHORS = Path(__file__).resolve().parents[2].parent / "shared" / "anchors"
