@@ -68,7 +68,10 @@ def test_kubectl_apply_get_wait_on_every_example(cluster, operator):
         k("wait", "--for=condition=Suspended", f"srun/{name}", "--timeout=30s")
         k("wait", "--for=jsonpath={.spec.suspend}=true", f"trainjob/{name}-fm", "--timeout=30s")
         k("patch", "srun", name, "--type", "merge", "-p", '{"spec":{"runPolicy":{"suspend":false}}}')
-        k("wait", "--for=jsonpath={.metadata.labels.solarwm\\.io/attempt}=2", f"trainjob/{name}-fm", "--timeout=30s")
+        # the resume replaces the job (delete, then create attempt 2): kubectl wait in between finds no
+        # object and fails at once, so poll through the gap
+        wait_for(lambda: k("get", f"trainjob/{name}-fm", "-o", "jsonpath={.metadata.labels.solarwm\\.io/attempt}",
+                           check=False).stdout == "2", timeout=30, message="attempt 2's TrainJob")
 
     # a bad run fails with a reason users can wait on, and gets no job
     bad = yaml.safe_load(EXAMPLES[0].read_text())
