@@ -1,11 +1,15 @@
 """``solar report RUN_DIR``: the completion report of semantics.md §9 as a document
 (``solar.report.v1``), text, and one self-contained HTML page (``html.py``: inline SVG plots and
-validation thumbnails as data URIs). Torch-free; thumbnails need PyAV and Pillow (the trainer
-extra) and are left out, with a note, without them.
+validation thumbnails as data URIs; the wording of values both pages share). Besides the numbers it
+lists every launch of the run directory (where each began on the step axis, how, what it changed
+and how its attempt ended) so that resumes are marked, and the Stage2 student's series beside the
+critic's. Torch-free; thumbnails need PyAV and Pillow (the trainer extra) and are left out, with a
+note, without them.
 """
 
 from __future__ import annotations
 
+import datetime
 import json
 import math
 import os
@@ -15,6 +19,7 @@ from solar.diagnose import diagnose_dir
 from solar.diagnose.classify import jsonable
 from solar.diagnose.evidence import gather
 from solar.errors import SolarError
+from solar.report.html import code_text, environment_text, final_text, launch_text, weights_text
 
 SCHEMA = "solar.report.v1"
 
@@ -30,27 +35,34 @@ def _number(value):
     return value if isinstance(value, (int, float)) and math.isfinite(value) else None
 
 
-def _series(root: Path) -> dict:
-    """Rank 0's curves (step, loss, grad norm, lr, step time) and its checkpoint/validation timeline."""
-    path = root / "events" / "rank-00000.jsonl"
-    steps, checkpoints, validations = {}, [], []
+def _events(root: Path) -> list[dict]:
+    """Rank 0's event log, every launch of the run directory appended in order (unreadable lines skipped)."""
+    path, events = root / "events" / "rank-00000.jsonl", []
     if path.is_file():
         with open(path, encoding="utf-8") as fh:
             for line in fh:
                 try:
-                    e = json.loads(line)
+                    events.append(json.loads(line))
                 except ValueError:
                     continue
-                if e.get("event") == "step":
-                    steps[e["step"]] = e  # a resumed run repeats no step, but keep the newest record of each
-                elif e.get("event") == "checkpoint":
-                    checkpoints.append({"step": e.get("step"), "time": e.get("time"), "seconds": e.get("seconds"),
-                                        "path": e.get("path")})
-                elif e.get("event") == "validation":
-                    validations.append({k: e.get(k) for k in ("step", "passes", "slots", "ok_slots", "error_slots")
-                                        if k in e})
+    return [e for e in events if isinstance(e, dict)]
+
+
+def _series(events: list[dict]) -> dict:
+    """Rank 0's curves (step, loss, grad norm, lr, step time; Stage2: the student's too) and its
+    checkpoint/validation timeline."""
+    steps, checkpoints, validations = {}, [], []
+    for e in events:
+        if e.get("event") == "step" and isinstance(e.get("step"), int):
+            steps[e["step"]] = e  # a resumed run repeats no step, but keep the newest record of each
+        elif e.get("event") == "checkpoint":
+            checkpoints.append({"step": e.get("step"), "time": e.get("time"), "seconds": e.get("seconds"),
+                                "path": e.get("path")})
+        elif e.get("event") == "validation":
+            validations.append({k: e.get(k) for k in ("step", "passes", "slots", "ok_slots", "error_slots")
+                                if k in e})
     ordered = [steps[k] for k in sorted(steps)]
-    return {
+    out = {
         "step": [e["step"] for e in ordered],
         "loss": [_number(e.get("loss_mean", e.get("loss"))) for e in ordered],
         "grad_norm": [_number(e.get("grad_norm")) for e in ordered],
@@ -59,6 +71,60 @@ def _series(root: Path) -> dict:
         "checkpoints": checkpoints,
         "validations": validations,
     }
+    if any("student_step" in e for e in ordered):  # Stage2: `loss` is the critic's, the student's is sparse
+        updated = [e if e.get("student_updated") else {} for e in ordered]
+        out["student_loss"] = [_number((e.get("losses") or {}).get("student", e.get("student_loss")))
+                               for e in updated]
+        out["student_grad_norm"] = [_number(e.get("student_grad_norm")) for e in updated]
+        out["student_lr"] = [_number(e.get("student_lr")) for e in updated]
+    return out
+
+
+def _epoch(iso) -> float | None:
+    try:
+        return datetime.datetime.strptime(iso, "%Y-%m-%dT%H:%M:%SZ").replace(tzinfo=datetime.timezone.utc).timestamp()
+    except (TypeError, ValueError):
+        return None
+
+
+def _launches(root: Path, events: list[dict], usage: dict | None) -> list[dict]:
+    """Every launch of the run directory, oldest first: its record (launch-manifest.json, then
+    launches/NNNN-launch-manifest.json), where it began on the step axis (rank 0's `start` events, in
+    the same order, and the steps after each), how it started (init mode and sources), what changed
+    from the launch before (topology, recorded config changes) and how its attempt ended
+    (run-result.json's usage, matched by time)."""
+    records = [root / "launch-manifest.json", *sorted((root / "launches").glob("*-launch-manifest.json"))]
+    starts = [i for i, e in enumerate(events) if e.get("event") == "start"]
+    attempts = [a for a in (usage or {}).get("attempts") or [] if isinstance(a, dict)]
+    out, previous, done = [], None, 0
+    for n, record in enumerate(records):
+        manifest = _json(record) if record.is_file() else None
+        if manifest is None:
+            continue
+        begin = starts[n] if n < len(starts) else None
+        end = starts[n + 1] if n + 1 < len(starts) else len(events)
+        ran = [e["step"] for e in events[begin:end] if e.get("event") == "step" and isinstance(e.get("step"), int)] \
+            if begin is not None else []
+        started = events[begin].get("time") if begin is not None else None
+        topology = manifest.get("topology") or {}
+        init = manifest.get("init") or {}
+        attempt = next((a for a in attempts if started is not None and _epoch(a.get("started")) is not None
+                        and _epoch(a["started"]) - 2 <= started <= (_epoch(a.get("ended")) or math.inf) + 2), None)
+        if attempt is not None:
+            attempts.remove(attempt)
+        out.append({
+            "launch": n + 1, "record": str(record.relative_to(root)), "started": started,
+            "init_mode": init.get("mode"), "init_sources": init.get("sources") or [],
+            "first_step": ran[0] if ran else None, "last_step": ran[-1] if ran else None,
+            "at_step": ran[0] if ran else done + 1,  # where it begins on the step axis
+            "topology": topology,
+            "topology_changes": {k: [previous[k], v] for k, v in topology.items()
+                                 if previous is not None and k in previous and previous[k] != v},
+            "config_changes": manifest.get("changes") or [],
+            "attempt": {k: attempt.get(k) for k in ("status", "wall_seconds", "world_size", "device")}
+            if attempt else None})
+        previous, done = topology, max([done, *ran])
+    return out
 
 
 def _outputs(ev) -> list[dict]:
@@ -95,7 +161,12 @@ def build(run_dir: str | os.PathLike) -> dict:
     env = _json(root / "environment.json") or {}
     result = ev.result or {}
     topo = ev.launch.get("topology") or {}
-    series = _series(root)
+    events = _events(root)
+    series = _series(events)
+    outputs = _outputs(ev)
+    diagnosis_doc = diagnosis.as_dict()
+    if ev.launch.get("action") == "infer":  # an inference run has no training step: say what it generated
+        diagnosis_doc["summary"] = _generation_summary(diagnosis_doc, outputs)
     not_verified = ["numbers are this run's own; nothing here compares them with a reference run",
                     "videos are listed and decoded for thumbnails, not judged for quality"]
     if not env:
@@ -113,6 +184,7 @@ def build(run_dir: str | os.PathLike) -> dict:
         "environment": {"python": (env.get("python") or {}).get("version"),
                         "torch": (env.get("torch") or {}).get("version"),
                         "cuda": (env.get("cuda") or {}).get("version"),
+                        "cuda_available": (env.get("cuda") or {}).get("available"),
                         "devices": [d.get("name") for d in env.get("devices") or []],
                         "host": (env.get("platform") or {}).get("hostname")},
         "topology": {k: topo.get(k) for k in ("world_size", "sequence_parallel_size", "logical_dp_world_size",
@@ -123,39 +195,54 @@ def build(run_dir: str | os.PathLike) -> dict:
         "checkpoints": [{"step": c["step"], "path": c["path"], "complete": c["complete"], "valid": c["valid"]}
                         for c in ev.checkpoints],
         "partial_checkpoints": ev.partial_checkpoints,
-        "outputs": _outputs(ev),
+        "outputs": outputs,
         "series": series,
-        "diagnosis": diagnosis.as_dict(),
+        "launches": _launches(root, events, result.get("usage")),
+        "diagnosis": diagnosis_doc,
         "not_verified": not_verified,
     })
 
 
+def _generation_summary(diagnosis: dict, outputs: list[dict]) -> str:
+    """The diagnosis of an inference run in its own terms: slots generated, not a training step."""
+    ok = sum(p["ok_slots"] for o in outputs for p in o["passes"])
+    errors = sum(len(p["error_slots"]) for o in outputs for p in o["passes"])
+    passes = ", ".join(p["pass"] for o in outputs for p in o["passes"]) or "no pass"
+    done = f"{ok} slot(s) generated ({passes})" + (f", {errors} failed" if errors else "")
+    if diagnosis["status"] == "healthy":
+        return f"the generation completed: {done}; nothing is wrong"
+    if diagnosis["status"] == "stopped":
+        return f"the generation was stopped (a signal) after {done}; run it again to continue it"
+    if diagnosis["status"] == "running":
+        return f"the generation is still running: {done} so far"
+    return diagnosis["summary"]
+
+
 def render_text(report: dict) -> str:
-    topo, final = report["topology"], report.get("final") or {}
+    topo = report["topology"]
     lines = [f"{report['name']}: {report['action']} {report['route']} — {report['status']}",
-             f"  code {((report.get('code') or {}).get('revision') or 'unknown')[:12]}"
-             f"{' (dirty)' if (report.get('code') or {}).get('dirty') else ''}; python "
-             f"{report['environment']['python']}, torch {report['environment']['torch']}, devices "
-             f"{report['environment']['devices'] or ['cpu']}",
+             f"  code {code_text(report.get('code'))}; {environment_text(report['environment'])}",
              f"  world {topo['world_size']}, SP {topo['sequence_parallel_size']}, logical DP "
              f"{topo['logical_dp_world_size']}, global batch {topo['global_batch_size']} (micro "
-             f"{topo['micro_batch_size']} x accumulation {topo['gradient_accumulation']})"]
-    w = report["weights"]
-    passes = ", ".join(f"{p['name']}={p['weights']}" for p in w["passes"]) or "none"
-    lines.append(f"  init {w['init_mode']}; checkpoint weights {w['checkpoint_weights'] or '-'}; passes {passes}")
+             f"{topo['micro_batch_size']} x accumulation {topo['gradient_accumulation']})"
+             + "".join(f"; launch {n['launch']} changed it" for n in report["launches"] if n["topology_changes"]),
+             f"  {weights_text(report['weights'])}"]
+    final = final_text(report)
     if final:
-        lines.append(f"  final step {final.get('step')}: loss {_fmt(final.get('loss'))}, grad norm "
-                     f"{_fmt(final.get('grad_norm'))}, step time {_fmt(final.get('step_seconds'))} s")
+        lines.append(f"  final {final}")
     usage = report.get("usage") or {}
     if usage.get("attempts"):
         attempts = ", ".join(f"{a.get('status')} {a.get('gpu_seconds', 0) / 3600:.4f} h on {a.get('world_size')} "
                              f"{a.get('device', 'gpu')}" for a in usage["attempts"])
         lines.append(f"  GPU time: {usage.get('gpu_seconds', 0) / 3600:.4f} GPU-hours in {len(usage['attempts'])} "
                      f"launch(es): {attempts}")
+    if len(report["launches"]) > 1:
+        lines += [f"  launch {launch['launch']}: {launch_text(launch)}" for launch in report["launches"]]
     valid = [c for c in report["checkpoints"] if c["valid"]]
-    lines.append(f"  checkpoints: {len(valid)} verified of {len(report['checkpoints'])}"
-                 + (f" (newest step {valid[-1]['step']})" if valid else "")
-                 + (f"; {len(report['partial_checkpoints'])} partial" if report["partial_checkpoints"] else ""))
+    if report["checkpoints"] or report["partial_checkpoints"] or report["action"] != "infer":
+        lines.append(f"  checkpoints: {len(valid)} verified of {len(report['checkpoints'])}"
+                     + (f" (newest step {valid[-1]['step']})" if valid else "")
+                     + (f"; {len(report['partial_checkpoints'])} partial" if report["partial_checkpoints"] else ""))
     for out in report["outputs"]:
         parts = ", ".join(f"{p['pass']} {p['ok_slots']} ok/{len(p['error_slots'])} error/"
                           f"{p['compare_videos']} compare" + ("" if p["complete"] else " (incomplete)")
@@ -165,10 +252,6 @@ def render_text(report: dict) -> str:
     lines.append(f"  diagnosis: {d['status']} ({d['kind']}): {d['summary']}")
     lines += [f"  not verified: {n}" for n in report["not_verified"]]
     return "\n".join(lines)
-
-
-def _fmt(value) -> str:
-    return f"{value:.4g}" if isinstance(value, (int, float)) else "-"
 
 
 def render_html(report: dict, path: str | os.PathLike) -> None:
