@@ -76,7 +76,15 @@ CASES = {
                   "data.root: environment variable ${SOLAR_TEST_SURELY_UNSET} is not set"),
     "through-non-mapping": (WAN_FM, ["model.family.x=1"], "model.family is a string, not a mapping"),
     "string-int": (WAN_FM, ["distributed.world_size='2'"],
-                   "distributed.world_size: input should be a valid integer; got '2'"),
+                   "distributed.world_size: input should be a valid integer; got the string '2' (it was quoted); "
+                   "write the number without quotes, e.g. --set distributed.world_size=2"),
+    "string-float-yaml12": (WAN_FM, ['train.optimizer.lr="1e-4"'],
+                            "got the string '1e-4' (it was quoted); write the number without quotes, e.g. "
+                            "--set train.optimizer.lr=1e-4"),
+    "string-bool": (WAN_FM, ['runtime.compile="true"'],
+                    "got the string 'true' (it was quoted); write the boolean without quotes"),
+    "string-not-a-number": (WAN_FM, ["train.max_steps=four"],
+                            "train.max_steps: input should be a valid integer; got the string 'four'"),
     "infer-with-train-field": (H3_INFER, ["train.global_batch_size=4", "checkpoint.path=/c"],
                                "train.global_batch_size: a training setting that an inference run does "
                                "not read"),

@@ -121,6 +121,16 @@ def test_describe_shows_the_first_planned_occurrences(index, table):
         assert len(describe(str(index), p, rank=0, limit=200)["shown"]) == table.virtual_occurrences
 
 
+def test_describe_names_readers_and_counts_consistently(index, table):
+    """`readers` is how many readers there are, `reader` this rank's, `reader_plan_count` that reader's
+    occurrences and `full_plan_count` every reader's (no `reader_count` beside `readers`)."""
+    params = PlanParams(seed=11, pixel_frames=81, world_size=4, num_workers=1)
+    outs = [describe(str(index), params, rank=r, limit=0) for r in range(4)]
+    assert [o["reader"] for o in outs] == [0, 1, 2, 3] and {o["readers"] for o in outs} == {4}
+    assert sum(o["reader_plan_count"] for o in outs) == outs[0]["full_plan_count"] == table.virtual_occurrences
+    assert all("reader_count" not in o for o in outs)
+
+
 def test_start_frame_rules(tmp_path):
     items = [{"sample_id": "a", "key": "a", "shard": "s", "num_frames": 100, "start_frame": 7},
              {"sample_id": "b", "key": "b", "shard": "s", "num_frames": 100},

@@ -250,6 +250,11 @@ def _states(cfg, *, trainable_role: bool, ema: bool, degree: int, bf16: bool, fr
     return {k: v for k, v in out.items() if v}
 
 
+def blocks_keep(n: int) -> str:
+    """``1 block keeps its activations`` / ``N blocks keep their activations``."""
+    return f"{n} block keeps its activations" if n == 1 else f"{n} blocks keep their activations"
+
+
 def with_kept_blocks(resolved, skip: int):
     """``resolved`` with ``skip`` blocks keeping their activations (all of them: checkpointing off)."""
     cfg = resolved.config
@@ -482,7 +487,7 @@ def table(fc: Forecast) -> str:
                  + ", ".join(f"{r} {t:,} tokens" for r, t in fc.tokens_per_gpu.items()))
     lines += [f"to fit: {s}" for s in fc.suggestions]
     if fc.auto is not None:
-        lines.append(f"activation_checkpointing_skip_blocks auto: {fc.auto} blocks keep their activations "
+        lines.append(f"activation_checkpointing_skip_blocks auto: {blocks_keep(fc.auto)} "
                      f"(with {AUTO_MARGIN:.0%} of the GPU left free beyond the usable limit)")
     if fc.faster:
         lines.append(f"faster, still fits: {fc.faster}")

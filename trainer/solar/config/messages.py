@@ -77,7 +77,32 @@ def _one(error: dict[str, Any], root: type[BaseModel], tree: Any) -> str:
         return f"{where}: must be a mapping; got {_shown(_value_at(tree, loc))}"
     message = error["msg"]
     message = message[0].lower() + message[1:] if message else "invalid value"
-    return f"{where}: {message}; got {_shown(_value_at(tree, loc))}"
+    value = _value_at(tree, loc)
+    if isinstance(value, str) and kind in _SCALAR_TYPES:
+        return f"{where}: {message}; got the string {_shown(value)}{_unquoted(where, value, kind)}"
+    return f"{where}: {message}; got {_shown(value)}"
+
+
+# Scalar type errors whose input may be a quoted number or boolean (strict schema: "4" is not 4)
+_SCALAR_TYPES = {"int_type", "int_parsing", "float_type", "float_parsing", "bool_type", "bool_parsing"}
+
+
+def _unquoted(where: str, value: str, kind: str) -> str:
+    """How to give a quoted number or boolean as one: the same text without quotes (parsed as the
+    loader parses values: YAML 1.2, so ``1e-4`` is a number)."""
+    from solar.config.loader import parse_yaml
+
+    try:
+        parsed = parse_yaml(value, where)
+    except Exception:  # noqa: BLE001 - not YAML: nothing to suggest
+        return ""
+    fits = {"int": isinstance(parsed, int) and not isinstance(parsed, bool),
+            "float": isinstance(parsed, (int, float)) and not isinstance(parsed, bool),
+            "bool": isinstance(parsed, bool)}[kind.split("_")[0]]
+    if not fits:
+        return ""
+    what = "the boolean" if kind.startswith("bool") else "the number"
+    return f" (it was quoted); write {what} without quotes, e.g. --set {where}={value.strip()}"
 
 
 def format_validation_error(exc: ValidationError, root: type[BaseModel], tree: Any) -> str:

@@ -269,7 +269,9 @@ def _little_endian(column: array) -> bytes:
 
 def describe(index: str, params: PlanParams, *, rank: int, worker_id: int = 0,
              limit: int = 16) -> dict:
-    """``solar data plan``: the full-plan fingerprint and count, and this rank's first occurrences."""
+    """``solar data plan``: the full-plan fingerprint and count (``full_plan_count``: occurrences of every
+    reader this epoch), this rank's reader (``reader`` of ``readers``) with its own count
+    (``reader_plan_count``), and that reader's first ``limit`` occurrences (``shown``)."""
     from solar.data.index import fetch_rows, load_table  # noqa: PLC0415
 
     if limit < 0:
@@ -316,6 +318,6 @@ def describe(index: str, params: PlanParams, *, rank: int, worker_id: int = 0,
         "logical_dp_world_size": params.dp_world,
         "reader": reader,
         "readers": params.readers,
-        "reader_count": len(mine),
+        "reader_plan_count": len(mine),
         "shown": shown,
     }

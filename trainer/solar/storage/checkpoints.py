@@ -199,6 +199,25 @@ def _safetensors_problem(path: Path) -> str | None:
     return None
 
 
+def not_a_checkpoint(root: Path) -> str | None:
+    """What ``root`` is when it is a run directory or a run's ``checkpoints`` folder rather than a
+    checkpoint (the likeliest wrong path), naming its newest checkpoint; None otherwise."""
+    run = root if (root / "checkpoints").is_dir() or (root / "launch-manifest.json").is_file() else None
+    folder = root / "checkpoints" if run is not None else root
+    try:
+        steps = sorted(e.name for e in folder.iterdir() if STEP_DIR.match(e.name) and e.is_dir())
+    except OSError:
+        steps = []
+    if run is None and not steps:
+        return None
+    what = "it is a run directory" if run is not None else "it is a run's checkpoints folder"
+    if not steps:
+        return f"{what}, not a checkpoint, and it holds no checkpoint yet"
+    listed = f"`solar checkpoint list {run if run is not None else root.parent}` lists them"
+    return (f"{what}, not a checkpoint; give one of its {len(steps)} checkpoint{'s' if len(steps) > 1 else ''}, "
+            f"e.g. the newest {folder / steps[-1]} ({listed})")
+
+
 def verify(path: str | os.PathLike[str], contract: dict | None = None) -> dict:
     """The contract's verification report: {path, step, complete, valid, roles, problems}."""
     root = Path(path)
@@ -212,7 +231,7 @@ def verify(path: str | os.PathLike[str], contract: dict | None = None) -> dict:
         problems.append("a partial (unfinished) checkpoint")
     complete_path, manifest_path = root / "COMPLETE.json", root / "manifest.json"
     if not complete_path.is_file():
-        problems.append("no COMPLETE.json: the save did not finish")
+        problems.append(not_a_checkpoint(root) or "no COMPLETE.json: the save did not finish")
         return report
     try:
         complete = json.loads(complete_path.read_text())
