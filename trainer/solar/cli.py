@@ -11,6 +11,7 @@ import argparse
 import gc
 import os
 import sys
+import textwrap
 from collections.abc import Callable, Sequence
 from typing import Any, NoReturn
 
@@ -76,7 +77,10 @@ def cmd_config_memory(args: argparse.Namespace) -> int:
         raise SolarError(f"--gpu-memory-gib {args.gpu_memory_gib}: give the GPU's memory in GiB, e.g. 80 or 141")
     if args.gpus_per_node < 1:
         raise SolarError(f"--gpus-per-node {args.gpus_per_node}: give the GPUs of one node, e.g. 8")
-    resolved = resolve_file(args.config, args.set, expected_action="train", placeholders=False)
+    resolved = resolve_file(args.config, args.set, placeholders=False)
+    if resolved.config.action != "train":
+        raise SolarError(f"--config {args.config}: `solar config memory` forecasts training configs; this one is an "
+                         f"{resolved.config.action} config (action: {resolved.config.action}), which trains nothing")
     gpu = int(args.gpu_memory_gib * memory.GIB) if args.gpu_memory_gib is not None else \
         (local_gpu_memory_bytes() or 80 * memory.GIB)
     result = memory.forecast(resolved, gpu_memory_bytes=gpu, gpus_per_node=args.gpus_per_node)
@@ -128,12 +132,22 @@ def cmd_data_synth(args: argparse.Namespace) -> int:
 
 
 def cmd_train(args: argparse.Namespace) -> int:
+    from solar.launch.launcher import launch, ranks_to_start
+
+    ranks = ranks_to_start("train", args.config, args.set)   # alone with distributed.world_size > 1
+    if ranks:
+        return launch("train", args.config, args.set, ranks)
     from solar.train.launch import train
 
     return train(args.config, args.set)
 
 
 def cmd_infer(args: argparse.Namespace) -> int:
+    from solar.launch.launcher import launch, ranks_to_start
+
+    ranks = ranks_to_start("infer", args.config, args.set)
+    if ranks:
+        return launch("infer", args.config, args.set, ranks)
     from solar.infer.launch import infer
 
     return infer(args.config, args.set)
@@ -142,6 +156,7 @@ def cmd_infer(args: argparse.Namespace) -> int:
 def cmd_run(args: argparse.Namespace) -> int:
     from solar.local.executor import dry_run, run_manifest
 
+    _require_file(args.manifest, "MANIFEST", "a SolarRun YAML or JSON file")
     if args.dry_run:
         return dry_run(args.manifest, workdir=args.workdir, nproc=args.nproc)
     return run_manifest(args.manifest, workdir=args.workdir, nproc=args.nproc)
@@ -156,6 +171,7 @@ def cmd_checkpoint_verify(args: argparse.Namespace) -> int:
         from solar.config.loader import read_document
         from solar.config.resolve import resolve_tree
 
+        _require_file(args.route_config, "--route-config", "a run config or resolved-config.json")
         _, tree = read_document(args.route_config)
         if tree.get("schema") == "solar.resolved.v1":
             tree = tree["config"]
@@ -170,8 +186,22 @@ def cmd_checkpoint_verify(args: argparse.Namespace) -> int:
 def cmd_checkpoint_list(args: argparse.Namespace) -> int:
     from solar.storage.checkpoints import list_checkpoints
 
-    if not os.path.isdir(args.run_dir):
+    from pathlib import Path
+
+    from solar.storage.checkpoints import PARTIAL_DIR, STEP_DIR
+
+    path = Path(args.run_dir)
+    if not path.is_dir():
         raise SolarError(f"{args.run_dir}: no such run directory")
+    if (path / "COMPLETE.json").exists() or (path / "manifest.json").exists() or STEP_DIR.match(path.name) \
+            or PARTIAL_DIR.match(path.name):
+        raise SolarError(f"{args.run_dir} is a checkpoint directory, not a run directory; `solar checkpoint verify "
+                         f"{args.run_dir}` checks it, `solar checkpoint list {path.parent.parent}` lists its run's "
+                         "checkpoints")
+    if not (path / "checkpoints").is_dir() and any(STEP_DIR.match(e.name) or PARTIAL_DIR.match(e.name)
+                                                   for e in path.iterdir()):
+        raise SolarError(f"{args.run_dir} is a run's checkpoints folder; give the run directory: "
+                         f"`solar checkpoint list {path.parent}`")
     _emit_json(list_checkpoints(args.run_dir))
     return 0
 
@@ -194,7 +224,19 @@ def cmd_diagnose(args: argparse.Namespace) -> int:
         _emit_json(found.as_dict())
     else:
         print(found.text())
-    return 0
+    return 1 if found.status in DIAGNOSED_FAILURE else 0
+
+
+# `solar diagnose` exits 1 for these statuses (a failure, or slots that ended in errors), 0 otherwise
+DIAGNOSED_FAILURE = ("failed", "degraded")
+
+
+def _require_file(path: str, what: str, expected: str) -> None:
+    """A missing or unreadable input file named by the argument that gave it."""
+    if os.path.isdir(path):
+        raise SolarError(f"{what} {path}: is a directory, expected {expected}")
+    if not os.path.isfile(path):
+        raise SolarError(f"{what} {path}: no such file")
 
 
 def cmd_report(args: argparse.Namespace) -> int:
@@ -229,6 +271,19 @@ def cmd_model_convert(args: argparse.Namespace) -> int:
 
 
 # --- parser ------------------------------------------------------------------------------------
+
+EXIT_STATUS = """Exit status:
+  0    complete; or stopped by SIGTERM at a checkpoint (a pod eviction, a preemption,
+       `solar run` stopping a stage; run-result.json status stopped, which the operator reads)
+  130  stopped by SIGINT (Ctrl-C) at a checkpoint (run-result.json status stopped), so that
+       `solar train ... && solar infer ...` does not go on; resume from the newest checkpoint
+  2    refused before anything ran, or failed (one line `solar: error: ...`; once the launch
+       began, run-result.json status failed and `solar diagnose RUN_DIR` says why)
+  128+N  ended by signal N without stopping (a second signal, or runtime.stop_grace_seconds
+       passed after the first)
+Alone with distributed.world_size N > 1, solar starts the N ranks and exits with their
+status; torchrun itself exits 1 (with a traceback) for any failed rank or signal, whatever
+the ranks did."""
 
 def build_parser() -> argparse.ArgumentParser:
     parser = _Parser(prog="solar", description="Training and inference operations for video world "
@@ -295,15 +350,15 @@ def build_parser() -> argparse.ArgumentParser:
     synth_p.add_argument("--profile", default="tiny", choices=["tiny", "released"])
     synth_p.set_defaults(func=cmd_data_synth)
 
-    train_p = verbs.add_parser("train", help="run one training route (alone, or one rank under torchrun)")
-    train_p.add_argument("--config", required=True, metavar="PATH")
-    train_p.add_argument("--set", action="append", default=[], metavar="KEY=VALUE")
-    train_p.set_defaults(func=cmd_train)
-
-    infer_p = verbs.add_parser("infer", help="standalone generation through the validation path")
-    infer_p.add_argument("--config", required=True, metavar="PATH")
-    infer_p.add_argument("--set", action="append", default=[], metavar="KEY=VALUE")
-    infer_p.set_defaults(func=cmd_infer)
+    for verb, helptext, func in (
+            ("train", "run one training route (single process, one rank under torchrun, or, alone with "
+                      "distributed.world_size N > 1, its N ranks on this machine)", cmd_train),
+            ("infer", "standalone generation through the validation path (ranks as for train)", cmd_infer)):
+        verb_p = verbs.add_parser(verb, help=helptext, description=textwrap.fill(helptext[0].upper() + helptext[1:] + ".", 96)
+                                  + "\n\n" + EXIT_STATUS, formatter_class=argparse.RawDescriptionHelpFormatter)
+        verb_p.add_argument("--config", required=True, metavar="PATH")
+        verb_p.add_argument("--set", action="append", default=[], metavar="KEY=VALUE")
+        verb_p.set_defaults(func=func)
 
     run_p = verbs.add_parser("run", help="run a SolarRun manifest on this machine (no cluster)")
     run_p.add_argument("manifest", metavar="MANIFEST")
@@ -332,7 +387,16 @@ def build_parser() -> argparse.ArgumentParser:
     export_p.add_argument("--out", required=True, metavar="DIR")
     export_p.set_defaults(func=cmd_checkpoint_export)
 
-    diagnose_p = verbs.add_parser("diagnose", help="what went wrong in a run, from the evidence it left")
+    diagnose_p = verbs.add_parser(
+        "diagnose", help="what went wrong in a run, from the evidence it left",
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+        description="""What went wrong in a run, from the evidence it left.
+
+Exit status:
+  0  the run is healthy (complete), stopped or still running
+  1  it diagnoses a failure (FAILED: ...) or a degraded run (DEGRADED: validation
+     slots that ended in errors)
+  2  RUN_DIR cannot be read as a run""")
     diagnose_p.add_argument("run_dir", metavar="RUN_DIR", help="a run's runtime.output_dir")
     diagnose_p.add_argument("--json", action="store_true", help="solar.diagnosis.v1 JSON instead of text")
     diagnose_p.set_defaults(func=cmd_diagnose)

@@ -1,6 +1,7 @@
 """The rank-0 progress line on stderr: its format (tokens/s, MFU and peak GPU memory per GPU where
-known), ``runtime.log_every`` gating, the final step always shown, an ETA from the recent steps with
-the launch's warm-up left out, silent on other ranks."""
+known; Stage2's roles each named), ``runtime.log_every`` gating, the final step always shown, an ETA
+from the recent steps with the launch's warm-up left out (no ETA until a step after it is timed),
+silent on other ranks."""
 
 from __future__ import annotations
 
@@ -9,10 +10,10 @@ import re
 import pytest
 
 from solar.train import engine
-from solar.train.engine import Progress, duration
+from solar.train.engine import Progress, duration, eta_seconds
 
 LINE = re.compile(r"^solar: step (\d+)/(\d+) loss (-?\d+\.\d{4}) grad (\S+) lr (\S+) (\d+\.\d{2})s/step"
-                  r"(?: ([\d,]+) tok/s)?(?: mfu (\d+\.\d)%)?(?: mem (\d+\.\d)GiB)? eta (\S+)$")
+                  r"(?: ([\d,]+) tok/s)?(?: mfu (\d+\.\d)%)?(?: mem (\d+\.\d)GiB)?(?: eta (\S+))?$")
 
 
 def _event(step: int, **over) -> dict:
@@ -34,12 +35,34 @@ def _lines(capsys) -> list[str]:
 
 
 def test_format_and_eta(capsys, clock):
-    progress = Progress(True, total=10, start=0, every=1)
-    clock[0] += 8.0  # one step in 8 s (warm-up: the only figure yet), 9 steps left
-    progress.show(_event(1, loss_mean=0.5, grad_norm=0.0421, lr=1e-3, step_seconds=7.999))
-    (line,) = _lines(capsys)
-    assert line == "solar: step 1/10 loss 0.5000 grad 0.0421 lr 0.001 8.00s/step eta 1m12s"
-    assert LINE.match(line)
+    progress = Progress(True, total=10, start=0, every=1, warmup=2)
+    for step, seconds in ((1, 8.0), (2, 4.0), (3, 2.0)):  # two warm-up steps, then one timed at 2 s
+        clock[0] += seconds
+        progress.show(_event(step, loss_mean=0.5, grad_norm=0.0421, lr=1e-3, step_seconds=seconds - 0.001))
+    lines = _lines(capsys)
+    # the warm-up steps say nothing of the steps to come: no ETA rather than a wrong one
+    assert lines[0] == "solar: step 1/10 loss 0.5000 grad 0.0421 lr 0.001 8.00s/step"
+    assert lines[1] == "solar: step 2/10 loss 0.5000 grad 0.0421 lr 0.001 4.00s/step"
+    assert lines[2] == "solar: step 3/10 loss 0.5000 grad 0.0421 lr 0.001 2.00s/step eta 14s"
+    assert all(LINE.match(line) for line in lines)
+
+
+def test_eta_is_a_pure_function_of_the_timed_steps():
+    assert eta_seconds([], 399) is None                 # only warm-up steps so far: no estimate
+    assert eta_seconds([0.04, 0.02], 397) == pytest.approx(0.03 * 397)
+    assert eta_seconds([], 0) == 0.0 and eta_seconds([5.0], 0) == 0.0   # the last step: nothing left
+
+
+def test_a_short_fast_run_gets_no_inflated_eta(capsys, clock):
+    """The reported case: 400 steps of 35 ms after a launch whose first interval (set-up, compile)
+    took 0.66 s printed `step 1/400 ... eta 4m24s` for a 14 s run. The warm-up's lines now carry no
+    ETA and the first ETA follows the steps after it."""
+    progress = Progress(True, total=400, start=0, every=1)
+    for step, seconds in enumerate([0.66, 0.2, 0.035, 0.035], start=1):
+        clock[0] += seconds
+        progress.show(_event(step, step_seconds=seconds))
+    etas = [LINE.match(line).group(10) for line in _lines(capsys)]
+    assert etas == [None, None, duration(0.035 * 397), duration(0.035 * 396)] == [None, None, "14s", "14s"]
 
 
 def test_throughput_mfu_and_memory_per_gpu(capsys, clock):
@@ -50,7 +73,7 @@ def test_throughput_mfu_and_memory_per_gpu(capsys, clock):
     clock[0] += 2.0
     progress.show(_event(1, step_seconds=2.0, samples=[{}, {}], memory={"cuda_peak_bytes": 3 * 2**30 + 2**29}))
     (line,) = _lines(capsys)
-    assert line.endswith(" 2.00s/step 500 tok/s mfu 50.0% mem 3.5GiB eta 18s")
+    assert line.endswith(" 2.00s/step 500 tok/s mfu 50.0% mem 3.5GiB")  # step 1: warm-up, no ETA yet
     assert LINE.match(line)
 
 
@@ -60,8 +83,8 @@ def test_eta_leaves_out_the_warm_up_and_follows_the_recent_steps(capsys, clock):
         clock[0] += seconds
         progress.show(_event(step, step_seconds=seconds))
     etas = [LINE.match(line).group(10) for line in _lines(capsys)]
-    # step 1: only the compile step; step 2: both warm-up steps; then the last three steps only
-    assert etas[:3] == [duration(300 * 999), duration(170 * 998), duration(2 * 997)]
+    # steps 1 and 2: the warm-up, no ETA; then the last three steps only
+    assert etas[:3] == [None, None, duration(2 * 997)]
     assert etas[-1] == duration(1 * 992)
 
 
@@ -93,3 +116,19 @@ def test_other_ranks_print_nothing(capsys, clock):
     for step in range(1, 5):
         progress.show(_event(step))
     assert capsys.readouterr().err == ""
+
+
+def test_stage2_names_both_roles_on_a_student_step(capsys, clock):
+    """A Stage2 step names the critic's loss, grad and lr, and on a step that updates the student its
+    loss (the mean over ranks), grad and lr beside them."""
+    progress = Progress(True, total=10, start=0, every=1)
+    critic_only = _event(5, student_updated=False, loss=0.4, loss_mean=0.25, grad_norm=0.5, lr=1e-3)
+    student = _event(6, student_updated=True, student_loss=0.9, student_loss_mean=0.75, student_grad_norm=0.125,
+                     student_lr=2e-6, loss_mean=0.25, grad_norm=0.5, lr=1e-3, losses={"critic": 0.4, "student": 0.9})
+    for event in (critic_only, student):
+        clock[0] += 1.0
+        progress.show(event)
+    lines = _lines(capsys)
+    assert lines[0] == "solar: step 5/10 critic loss 0.2500 grad 0.5 lr 0.001 0.50s/step"
+    assert lines[1] == ("solar: step 6/10 critic loss 0.2500 grad 0.5 lr 0.001 student loss 0.7500 grad 0.125 lr 2e-06 "
+                        "0.50s/step")

@@ -91,10 +91,19 @@ def test_stage2_step_updates_samples_tokens_mfu_and_memory(tmp_path, metrics):
     assert 0 < mfu < 1
     assert _value(metrics, "solar_train_gpu_memory_bytes", kind="allocated") == 123
     assert _value(metrics, "solar_train_gpu_memory_bytes", kind="peak") == 456
-    assert _value(metrics, "solar_train_loss", term="critic") == pytest.approx(second["losses"]["critic"])
-    assert _value(metrics, "solar_train_loss", term="student") == pytest.approx(second["losses"]["student"])
+    # both roles: each loss as the mean over ranks (one rank here), each role's gradient norm
+    assert _value(metrics, "solar_train_loss", term="critic") == pytest.approx(second["loss_mean"])
+    assert _value(metrics, "solar_train_loss", term="student") == pytest.approx(second["student_loss_mean"])
+    assert second["student_loss_mean"] == pytest.approx(second["losses"]["student"])
     assert _value(metrics, "solar_train_grad_norm") == pytest.approx(second["grad_norm"])
+    assert _value(metrics, "solar_train_role_grad_norm", role="critic") == pytest.approx(second["grad_norm"])
+    assert _value(metrics, "solar_train_role_grad_norm", role="student") == pytest.approx(second["student_grad_norm"])
     assert _value(metrics, "solar_train_step_seconds_count") == 2
+    # the progress line of the real events: the critic alone, then both roles
+    from solar.train.engine import roles_text
+
+    assert roles_text(first).startswith("critic loss ") and "student" not in roles_text(first)
+    assert f"student loss {second['student_loss_mean']:.4f} grad {second['student_grad_norm']:.3g}" in roles_text(second)
 
 
 def test_single_model_step_updates_the_same_series(tmp_path, metrics):

@@ -334,9 +334,11 @@ def _crashed(ev: Evidence, gone: list[Rank]) -> Diagnosis:
 
 
 # -- outputs -----------------------------------------------------------------------------------------------
-def _intended_slots(ev: Evidence) -> int | None:
+def _intended_slots(ev: Evidence, generation: bool = False) -> int | None:
+    """The slots of the frozen plan: validation's, or ``solar infer``'s under ``generation/``."""
     try:
-        return len(json.loads((ev.root / "validation" / "frozen-plan.json").read_text())["slots"])
+        plan = ev.root / ("generation" if generation else "validation") / "frozen-plan.json"
+        return len(json.loads(plan.read_text())["slots"])
     except (OSError, ValueError, KeyError):
         return None
 
@@ -344,12 +346,12 @@ def _intended_slots(ev: Evidence) -> int | None:
 def _outputs_problem(ev: Evidence, *, finished: bool) -> Diagnosis | None:
     if not finished:
         return None
-    slots = _intended_slots(ev)
     dp = int(((ev.launch or {}).get("topology") or {}).get("logical_dp_world_size") or 1)
+    stopped = (ev.result or {}).get("status") == "stopped"
     for out in ev.outputs:
-        if out.complete:
+        if out.complete or (stopped and out.step is None):  # a stopped `solar infer`: its next launch finishes it
             continue
-        return _missing(ev, out, slots, dp)
+        return _missing(ev, out, _intended_slots(ev, generation=out.step is None), dp)
     errors = [(out, p, e) for out in ev.outputs for p in out.passes.values() for e in p.errors]
     if errors:
         out, p, e = errors[0]
@@ -396,6 +398,20 @@ def _missing(ev: Evidence, out: OutputState, slots: int | None, dp: int) -> Diag
 
 
 # -- healthy -----------------------------------------------------------------------------------------------
+def _at(ev: Evidence, step) -> str:
+    """Where the run is: ``at step N``; an inference run (no steps) by its generation's slots; a
+    training run before its first step says so."""
+    if step is not None:
+        return f"at step {step}"
+    if ((ev.launch or {}).get("action") or (ev.config or {}).get("action")) == "infer":
+        gen = next((o for o in ev.outputs if o.step is None), None)
+        if gen is None:
+            return "before its generation started (an inference run)"
+        ok = sum(len(p.ok) for p in gen.passes.values())
+        return f"with {ok} generated slot{'s' if ok != 1 else ''} in {gen.where}/ (an inference run)"
+    return "before its first step"
+
+
 def _healthy(ev: Evidence) -> Diagnosis:
     result = ev.result or {}
     final = result.get("final") or {}
@@ -408,17 +424,25 @@ def _healthy(ev: Evidence) -> Diagnosis:
     done = [o for o in ev.outputs if o.complete]
     if done:
         details.append(f"complete validation/generation outputs: {', '.join(o.where for o in done)}")
+    for o in ev.outputs:
+        if not o.complete and o.step is None:
+            slots = _intended_slots(ev, generation=True)
+            ok = sum(len(p.ok) for p in o.passes.values())
+            details.append(f"unfinished generation: {ok} slot{'s' if ok != 1 else ''} written"
+                           + (f" ({slots} per pass)" if slots is not None else "")
+                           + "; the same `solar infer` command finishes it")
     if ev.partial_checkpoints:
         details.append(f"partial checkpoint directories from interrupted saves: {', '.join(ev.partial_checkpoints)}")
     status = result.get("status")
+    at = _at(ev, step)
     if status == "complete":
-        return Diagnosis("healthy", "healthy", f"the run completed at step {step}; nothing is wrong", {}, details)
+        return Diagnosis("healthy", "healthy", f"the run completed {at}; nothing is wrong", {}, details)
     if status == "stopped":
-        return Diagnosis("stopped", "stopped", f"the run was stopped (a signal) at step {step} and can be resumed",
+        return Diagnosis("stopped", "stopped", f"the run was stopped (a signal) {at} and can be resumed",
                          {}, details)
     beats = [(r.heartbeat or {}).get("time") for r in ev.ranks.values() if r.heartbeat]
     quiet = ev.now - max(beats) if beats else None
-    text = f"still running at step {step}" + (f"; newest heartbeat {quiet:.0f}s ago" if quiet is not None else "")
+    text = f"still running {at}" + (f"; newest heartbeat {quiet:.0f}s ago" if quiet is not None else "")
     if quiet is not None and quiet >= STALE_SECONDS:
         text += " (quiet, but no rank disagrees with another: no fault is inferred from silence alone)"
     return Diagnosis("running", "running", text, {}, details, [_heartbeat_line(ev, r) for r in ev.ranks.values()][:4])

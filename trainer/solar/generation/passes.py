@@ -62,6 +62,8 @@ class Generation:
     truths: dict = field(default_factory=dict)  # (input digest, decoded latents) -> uint8 frames
     storage_problem: tuple[str, str] | None = None  # (message, storage_full | storage_error) of a failed write
     files: "_FileWorker | None" = None  # the slot files' worker while ``run`` runs
+    stop: object = None  # solar.launch.stop.Stop (``solar infer``): agreed after each round of slots
+    stopped: bool = False  # ``run`` ended early on a stop: finished slots kept, no COMPLETE.json written
 
     def truth_frames(self, batch: Batch, shown: int) -> torch.Tensor:
         """The slot's ground truth as uint8 frames [F, H, W, 3], decoded once per launch while the
@@ -216,12 +218,14 @@ class Generation:
         problem = self.storage_problem
         self.dist.exchange_error(problem[0] if problem else None, problem[1] if problem else "error")
 
-    def run(self, root: Path, passes: list, weights_for: Callable, step: int | None) -> dict:
-        """Every pass (``weights_for(pass)`` -> (context manager, resolved role) or None to skip)."""
+    def run(self, root: Path, passes: list, weights_for: Callable, step: int | None) -> dict | None:
+        """Every pass (``weights_for(pass)`` -> (context manager, resolved role) or None to skip). With
+        ``stop``, every rank agrees after each round of slots whether to stop: then the finished slots'
+        files are written, ``stopped`` is set and None is returned (a later launch finishes the rest)."""
         d = self.dist
         done_passes = []
         with _FileWorker() as self.files:
-            for p in passes:
+            for number, p in enumerate(passes, start=1):
                 chosen = weights_for(p)
                 if chosen is None:
                     self.log(f"solar: validation pass {p.name} skipped (its weights do not exist yet)")
@@ -242,12 +246,20 @@ class Generation:
                         else:
                             self._slot(pass_dir, p, role, slot, step, writer=d.sp_rank == 0)
                         self._agree()
+                        more = r + 1 < rounds or number < len(passes)   # a stop after the last slot is no stop
+                        if more and self.stop is not None and self.stop.agree(d, "generation-stop"):
+                            self.stopped = True
+                            break
                 self.files.drain()
                 self._agree()
+                if self.stopped:
+                    break
                 d.barrier(f"validation-pass-{p.name}")
                 done_passes.append(p.name)
                 if d.rank == 0:
                     self._complete(pass_dir / "COMPLETE.json", PASS_SCHEMA, step, [p.name], root)
+        if self.stopped:
+            return None
         summary = None
         if d.rank == 0:
             summary = self._complete(root / "COMPLETE.json", STEP_SCHEMA, step, done_passes, root)

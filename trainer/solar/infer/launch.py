@@ -2,7 +2,9 @@
 
 A new (or empty) output directory, or one holding an unfinished generation of the same config,
 which is then completed. Rank 0 writes resolved-config.json, launch-manifest.json and
-run-result.json like training does (``solar.launch.session``).
+run-result.json like training does (``solar.launch.session``). SIGINT or SIGTERM stops it after the
+round of slots in progress (``solar.launch.stop``): run-result.json says ``stopped``, the finished
+slots stay for the next launch, and the exit status is 130 after SIGINT, 0 after SIGTERM.
 """
 
 from __future__ import annotations
@@ -27,6 +29,7 @@ def infer(config: str, sets: Sequence[str]) -> int:
     from solar.launch import distributed
     from solar.launch.conditions import audio_silence
     from solar.launch.session import Session
+    from solar.launch.stop import Stop
     from solar.models.registry import model_from_config
 
     out = Path(cfg.runtime.output_dir)
@@ -44,8 +47,9 @@ def infer(config: str, sets: Sequence[str]) -> int:
 
     session = Session(resolved, d, out, verb="inference")
     session.check(check)
-    summary = None
+    summary, stop = None, Stop()
     try:
+        stop.install(cfg.runtime.stop_grace_seconds, finishing="the slot")
         session.open()
         session.heartbeat.update(phase="generation")
         torch.manual_seed(0)
@@ -74,14 +78,23 @@ def infer(config: str, sets: Sequence[str]) -> int:
             problem = str(exc)
         d.exchange_error(problem, "validation_setup")
         gen = P.Generation(cfg, d, model, T.codec_for(cfg, d.device), source, slots, T.negative_prompt(cfg),
-                           audio_silence(cfg), log=lambda m: print(m, file=sys.stderr) if d.rank == 0 else None)
+                           audio_silence(cfg), log=lambda m: print(m, file=sys.stderr) if d.rank == 0 else None,
+                           stop=stop)
         summary = gen.run(gen_root, cfg.validation.passes, weights, None)
     except BaseException as exc:  # noqa: BLE001 - reported in run-result.json
         session.failed(exc)
     finally:
-        session.close("complete", validations=[summary] if summary is not None else None)
+        session.close("stopped" if stop.agreed else "complete",
+                      validations=[summary] if summary is not None else None)
     session.raise_failure()
-    if d.rank == 0:
+    if d.rank == 0 and stop.agreed:
+        import signal
+
+        done = sum(1 for _ in gen_root.glob("*/slot_*"))
+        print(f"solar: infer stopped by {signal.Signals(stop.agreed).name} with {done} slot{'s' if done != 1 else ''} "
+              f"written; run the same command again to finish {gen_root} (exit status {stop.exit_code()})",
+              file=sys.stderr)
+    elif d.rank == 0:
         print(f"solar: infer {summary['status']}: {summary['ok_slots']}/{summary['slots']} slots ok -> {gen_root}",
               file=sys.stderr)
-    return 0
+    return stop.exit_code()

@@ -12,7 +12,6 @@ from __future__ import annotations
 import functools
 import json
 import math
-import signal
 import sys
 import time
 import traceback
@@ -26,6 +25,7 @@ from solar.errors import SolarError
 from solar.launch.batch import collate
 from solar.launch.distributed import CollectiveFailure, Dist
 from solar.launch.errors import describe, error_type_of
+from solar.launch.stop import Stop
 from solar.storage import checkpoints as ckpt
 from solar.storage import space
 from solar.storage.run_dir import EventLog, Heartbeat
@@ -61,38 +61,6 @@ def read_records(records: list[dict]) -> list[dict]:
     for (i, k), v in zip(found, values):
         out[i][k] = v
     return out
-
-
-@dataclass
-class Stop:
-    requested: bool = False
-    signals: int = 0
-
-    def install(self, grace_seconds: float = 120.0) -> None:
-        """The first SIGTERM/SIGINT asks the loop to stop after the step (and save); a second one, or
-        ``grace_seconds`` without the loop having ended (a rank stuck in a collective), exits at once.
-        Committed checkpoints are durable either way."""
-        import os
-        import threading
-
-        def handler(signum, frame):
-            self.signals += 1
-            if self.signals > 1:  # a second signal: leave now; committed state is already durable
-                sys.stderr.write("solar: second signal, exiting immediately\n")
-                os._exit(128 + signum)
-            self.requested = True
-            sys.stderr.write(f"solar: {signal.Signals(signum).name} received; finishing the step\n")
-
-            def overdue():
-                sys.stderr.write(f"solar: still running {grace_seconds:g}s after {signal.Signals(signum).name} "
-                                 "(runtime.stop_grace_seconds); exiting now\n")
-                sys.stderr.flush()
-                os._exit(128 + signum)
-            timer = threading.Timer(grace_seconds, overdue)
-            timer.daemon = True
-            timer.start()
-        for sig in (signal.SIGTERM, signal.SIGINT):
-            signal.signal(sig, handler)
 
 
 @dataclass
@@ -514,7 +482,7 @@ class Loop:
             if step == exit_after and step < max_steps:
                 self.finish_save()
                 return "stopped"
-            if d.any_flag(self.stop.requested, "stop-check"):
+            if self.stop.agree(d, "stop-check"):
                 if cfg.runtime.checkpoint_on_stop and not saved:
                     self.save(step)
                 self.finish_save()
@@ -528,12 +496,17 @@ class Progress:
 
         solar: step 120/30000 loss 0.1234 grad 0.421 lr 2e-06 1.07s/step 7,949 tok/s mfu 41.2% mem 112.1GiB eta 8h51m
 
+    A Stage2 step names each role it updated, the critic's first (every step) and the student's
+    beside it on a step that updates the student (losses are means over the ranks)::
+
+        solar: step 6/400 critic loss 0.1234 grad 0.421 lr 2e-06 student loss 0.5678 grad 0.31 lr 2e-06 ...
+
     tok/s and mfu per GPU (every logical DP rank's clips of the step over the world size; MFU prices
     a clip at one forward+backward, ``Loop.flops_per_clip``), mem the step's peak GPU memory
     (``torch.cuda.max_memory_allocated``); mfu and mem only where they are known. The ETA comes
     from the wall time between the recent steps (saves and validations inside the window count),
-    leaving out the launch's first ``warmup`` steps (compile, allocator warm-up) once later ones
-    exist."""
+    leaving out the launch's first ``warmup`` steps (compile, allocator warm-up, and before the
+    first step the launch's own set-up): the lines of those steps have no ETA (``eta_seconds``)."""
 
     def __init__(self, enabled: bool, total: int, start: int, every: int, *, tokens_per_clip: int = 0,
                  flops_per_clip: float = 0.0, peak_flops: float | None = None, dp_world: int = 1, world: int = 1,
@@ -547,9 +520,6 @@ class Progress:
         self.early: list[float] = []                               # the first ``warmup`` intervals
         self.recent: collections.deque[float] = collections.deque(maxlen=window)
 
-    def seconds_per_step(self) -> float:
-        return sum(self.recent) / len(self.recent) if self.recent else sum(self.early) / max(len(self.early), 1)
-
     def show(self, event: dict) -> None:
         now = time.perf_counter()
         (self.early if len(self.early) < self.warmup else self.recent).append(now - self.last)
@@ -558,8 +528,7 @@ class Progress:
         if not self.enabled or (step % self.every and step != self.total):
             return
         seconds = event["step_seconds"]
-        parts = [f"solar: step {step}/{self.total} loss {event['loss_mean']:.4f} grad {event['grad_norm']:.3g} "
-                 f"lr {event['lr']:.3g} {seconds:.2f}s/step"]
+        parts = [f"solar: step {step}/{self.total} {roles_text(event)} {seconds:.2f}s/step"]
         clips = len(event.get("samples") or []) * self.dp_world
         if clips and seconds > 0 and self.tokens_per_clip:
             parts.append(f"{self.tokens_per_clip * clips / self.world / seconds:,.0f} tok/s")
@@ -568,9 +537,35 @@ class Progress:
         peak = (event.get("memory") or {}).get("cuda_peak_bytes")
         if peak:
             parts.append(f"mem {peak / 2**30:.1f}GiB")
-        parts.append(f"eta {duration(self.seconds_per_step() * (self.total - step))}")
+        eta = eta_seconds(list(self.recent), self.total - step)
+        if eta is not None:
+            parts.append(f"eta {duration(eta)}")
         sys.stderr.write(" ".join(parts) + "\n")
         sys.stderr.flush()
+
+
+def roles_text(event: dict) -> str:
+    """``loss L grad G lr R`` of a single-model step; for a Stage2 step (its event has
+    ``student_updated``) the critic's and, when it updated, the student's, each named."""
+    if "student_updated" not in event:
+        return f"loss {event['loss_mean']:.4f} grad {event['grad_norm']:.3g} lr {event['lr']:.3g}"
+    text = f"critic loss {event['loss_mean']:.4f} grad {event['grad_norm']:.3g} lr {event['lr']:.3g}"
+    if event["student_updated"]:
+        student = event.get("student_loss_mean", event["student_loss"])
+        text += (f" student loss {student:.4f} grad {event['student_grad_norm']:.3g} "
+                 f"lr {event['student_lr']:.3g}")
+    return text
+
+
+def eta_seconds(recent: list[float], remaining: int) -> float | None:
+    """Seconds left: the mean wall time of the ``recent`` step intervals (the launch's warm-up steps
+    already left out) times the steps ``remaining``; 0 when none remain; None while no step after
+    the warm-up has been timed (the warm-up's compile and set-up say nothing of the steps to come)."""
+    if remaining <= 0:
+        return 0.0
+    if not recent:
+        return None
+    return sum(recent) / len(recent) * remaining
 
 
 def duration(seconds: float) -> str:

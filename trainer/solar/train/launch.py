@@ -48,8 +48,9 @@ def train(config: str, sets: Sequence[str]) -> int:
         if kept is not None:
             session.events.write("activation_checkpointing", rank=d.rank, **kept)
             if d.rank == 0:
+                keep = "keeps its" if kept["skip_blocks"] == 1 else "keep their"
                 print(f"solar: activation_checkpointing_skip_blocks auto -> {kept['skip_blocks']} of {kept['blocks']} "
-                      f"blocks keep their activations ({kept['why']})", file=sys.stderr)
+                      f"blocks {keep} activations ({kept['why']})", file=sys.stderr)
         resolved = built
         from solar.models.sequence_parallel import SPGroup
         from solar.train.setup import build_parts
@@ -90,9 +91,23 @@ def train(config: str, sets: Sequence[str]) -> int:
                       checkpoints=loop.checkpoints if loop else [], validations=loop.validations if loop else [])
     session.raise_failure()
     if d.rank == 0:
-        final = loop.last
-        print(f"solar: train {status} at step {final['step'] if final else '-'} -> {out}", file=sys.stderr)
-    return 0
+        print(f"solar: {_summary(status, loop, cfg.train.max_steps)} -> {out}", file=sys.stderr)
+    return loop.stop.exit_code() if status == "stopped" else 0
+
+
+def _summary(status: str, loop, max_steps: int) -> str:
+    """The last line of a launch: how it ended and at which step (a launch that trained no step, resumed
+    at train.max_steps, ends at its checkpoint's step); a stop names its signal and the exit status."""
+    import signal
+
+    step = loop.last["step"] if loop.last else loop.parts.start_step
+    text = f"train {status} at step {step} of {max_steps}"
+    if status == "stopped" and loop.stop.agreed:
+        name = signal.Signals(loop.stop.agreed).name
+        text += f" by {name} (exit status {loop.stop.exit_code()})"
+    elif status == "stopped":
+        text += " (runtime.exit_after_step)"
+    return text
 
 
 def _auto_kept_blocks(resolved, d):

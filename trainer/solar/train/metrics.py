@@ -13,8 +13,12 @@ class TrainMetrics:
         self.registry = CollectorRegistry()
         r = self.registry
         self.step = Gauge("solar_train_step", "Last completed optimizer step.", registry=r)
-        self.loss = Gauge("solar_train_loss", "Training loss of the last step.", ["term"], registry=r)
-        self.grad_norm = Gauge("solar_train_grad_norm", "Global gradient norm before clipping.", registry=r)
+        self.loss = Gauge("solar_train_loss", "Training loss (mean over ranks) of the last step; Stage2: "
+                          "term critic every step, term student at its last update.", ["term"], registry=r)
+        self.grad_norm = Gauge("solar_train_grad_norm", "Global gradient norm before clipping (Stage2: the "
+                               "critic's).", registry=r)
+        self.role_grad_norm = Gauge("solar_train_role_grad_norm", "Stage2: each trained role's global gradient "
+                                    "norm before clipping at its last update.", ["role"], registry=r)
         self.step_seconds = Histogram("solar_train_step_seconds", "Wall time of an optimizer step.",
                                       buckets=(0.05, 0.1, 0.25, 0.5, 1, 2, 5, 10, 30, 60, 120), registry=r)
         self.samples = Counter("solar_train_samples_total", "Clips consumed.", registry=r)
@@ -42,12 +46,13 @@ def gpu_memory() -> dict[str, int]:
 
 
 def observe_step(loop, *, step: int, losses: dict[str, float], grad_norm: float, seconds: float,
-                 clips: int) -> None:
+                 clips: int, grad_norms: dict[str, float] | None = None) -> None:
     """The per-step series of every route (Stage0.5/1 ``Loop.step`` and Stage2's outer step); no-op
     without ``loop.metrics``. ``clips``: the clips this rank's logical DP rank consumed in the step
     (every role's batches for Stage2); counters and MFU count them over all logical DP ranks. MFU
     prices a clip at one forward+backward (``Loop.flops_per_clip``), so Stage2's extra rollout,
-    teacher and critic forwards make it a lower bound there."""
+    teacher and critic forwards make it a lower bound there. ``losses`` are means over the ranks;
+    ``grad_norms`` (Stage2) the norm of each role the step updated."""
     m = loop.metrics
     if m is None:
         return
@@ -56,6 +61,8 @@ def observe_step(loop, *, step: int, losses: dict[str, float], grad_norm: float,
     for term, value in losses.items():
         m.loss.labels(term=term).set(value)
     m.grad_norm.set(grad_norm)
+    for role, value in (grad_norms or {}).items():
+        m.role_grad_norm.labels(role=role).set(value)
     m.step_seconds.observe(seconds)
     consumed = clips * d.dp_world
     m.samples.inc(consumed)

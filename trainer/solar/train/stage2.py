@@ -616,12 +616,16 @@ class Stage2:
                                            lambda student, batch, draws: self.critic_loss(student, batch, draws))
         records += recs
         seconds = time.perf_counter() - started
-        total = torch.tensor([loss], device=d.device if d.backend == "nccl" else "cpu")
+        # both roles' means over the ranks in one reduction (every rank updates the student at the same steps)
+        student = event["student_loss"] if event["student_updated"] else 0.0
+        total = torch.tensor([loss, student], device=d.device if d.backend == "nccl" else "cpu")
         d.all_reduce(total, "loss-mean")
-        mean = float(total) / d.world
-        losses = {"critic": loss}
+        mean, student_mean = (float(v) / d.world for v in total.tolist())
+        losses, means = {"critic": loss}, {"critic": mean}
         if event["student_updated"]:
             losses["student"] = event["student_loss"]
+            means["student"] = student_mean
+            event["student_loss_mean"] = student_mean
         from solar.train.engine import memory_reading
 
         event.update(loss=loss, loss_mean=mean, losses=losses, grad_norm=norm, lr=lr, step_seconds=seconds,
@@ -631,7 +635,9 @@ class Stage2:
                      "student_step": self.student_step}
         from solar.train.metrics import observe_step
 
-        observe_step(loop, step=step, losses=losses, grad_norm=norm, seconds=seconds, clips=len(records))
+        observe_step(loop, step=step, losses=means, grad_norm=norm, seconds=seconds, clips=len(records),
+                     grad_norms={"critic": norm, **({"student": event["student_grad_norm"]}
+                                                    if event["student_updated"] else {})})
         return event
 
     # --- checkpoints -------------------------------------------------------------------------
