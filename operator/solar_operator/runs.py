@@ -193,11 +193,12 @@ class Reconciler:
         stored = {k: v for k, v in (run.get("status") or {}).items() if k in STATUS_KEYS}
         previous = _previous(stored, namespace, name)
         leftover = previous is not None and bool(previous.jobsToDelete)  # a finished run's deletes to finish
-        if previous is not None and previous.phase in machine.TERMINAL and not leftover:
+        generation = int(meta.get("generation") or 1)
+        if previous is not None and previous.phase in machine.TERMINAL and not leftover \
+                and not machine.reopens(previous, generation):   # a Failed run whose spec changed continues
             self._keep_finalizer(run, False)   # finished: no job will be created for it any more
             return None
         self._keep_finalizer(run, True)        # before anything that may create a job
-        generation = int(meta.get("generation") or 1)
         spec, plan, invalid = _parse(run, self._plan, meta.get("uid", ""), generation)
         jobs, files, root = {}, {}, None
         if plan is not None or leftover:

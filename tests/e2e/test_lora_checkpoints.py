@@ -161,7 +161,7 @@ def test_resume_from_an_adapter_checkpoint_is_exact(trained, data, base, tmp_pat
     before = _snapshot(split)
     without_base = train(CONFIG, _sets(data, split, "null", "checkpoint.mode=full_resume", f"checkpoint.path={source}"))
     assert without_base.returncode == 2, without_base.stderr[-2000:]
-    assert "holds a run with a different config" in without_base.stderr  # the base is part of the run
+    assert "holds a run with another recipe: model.pretrained_path " in without_base.stderr  # the base is the run's
     assert _snapshot(split) == before  # refused before anything is written
     resumed = train(CONFIG, _sets(data, split, base[0], "checkpoint.mode=full_resume", f"checkpoint.path={source}"))
     assert resumed.returncode == 0, resumed.stderr[-3000:]

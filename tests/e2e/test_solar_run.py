@@ -103,15 +103,17 @@ def test_bad_manifests_are_refused_before_anything_runs(edit, fragment, data, tm
 
 
 def test_a_failing_stage_fails_the_run_with_its_reason(data, tmp_path):
-    # the first stage's data disappears: every attempt fails, the run ends Failed after backoffLimit
+    # the first stage's data is missing: the trainer refuses its input (exit 2), which no retry changes: the
+    # run fails at once with the trainer's own line, its backoffLimit unspent
     manifest = _manifest(tmp_path, tmp_path / "missing-data", lambda d: d["spec"]["runPolicy"].update(backoffLimit=1))
     proc = _solar_run(manifest, tmp_path / "runs")
     assert proc.returncode == 1, proc.stderr[-2000:]
     status = json.loads((tmp_path / "runs" / "tiny-wan" / "status.json").read_text())
-    assert status["phase"] == "Failed"
+    assert status["phase"] == "Failed" and status["stages"][0]["attempt"] == 1
     failed = next(c for c in status["conditions"] if c["type"] == "Failed")
-    assert failed["reason"] in ("BackoffLimitExceeded", "NothingToResume")
-    assert "fm" in failed["message"]
+    assert failed["reason"] == "InputRefused" and "stage fm attempt 1" in failed["message"]
+    assert "missing-data" in failed["message"] and "error_file" not in failed["message"]
+    assert "missing-data" in proc.stderr.splitlines()[-3] or "missing-data" in proc.stderr[-1500:]
 
 
 def test_an_interrupted_run_continues_at_another_nproc_with_the_same_global_batch(data, tmp_path):
@@ -157,3 +159,71 @@ def test_an_interrupted_run_continues_at_another_nproc_with_the_same_global_batc
     assert [(a["topology"]["worldSize"], a["topology"]["gradientAccumulation"]) for a in fm["attempts"]] == [(2, 1),
                                                                                                             (1, 2)]
     assert [a["worldSize"] for a in fm["usage"]["attempts"]][-1] == 1 and fm["usage"]["attempts"][0]["worldSize"] == 2
+
+
+def _fm_only(*extra):
+    """The run cut to its first stage, whose whole-clip validation after the step-2 checkpoint keeps it running
+    while SIGINT arrives; ``extra``: more of the stage's set: values."""
+    def edit(doc):
+        fm = doc["spec"]["stages"][0]
+        doc["spec"]["stages"] = [dict(fm, set=fm["set"] + ["runtime.validate_every=2", *extra])]
+    return edit
+
+
+def _interrupt_after_step_2(manifest, workdir):
+    proc = _solar_run(manifest, workdir, wait=False)
+    step2 = workdir / "tiny-wan" / "fm" / "checkpoints" / "step_00000002"
+    deadline = time.monotonic() + 300
+    while time.monotonic() < deadline and not step2.is_dir() and proc.poll() is None:
+        time.sleep(0.2)
+    assert step2.is_dir(), proc.communicate()[1][-3000:]
+    proc.send_signal(signal.SIGINT)
+    _, err = proc.communicate(timeout=120)
+    assert proc.returncode == 130, err[-2000:]
+
+
+def test_an_interrupted_run_edited_to_train_longer_continues_and_a_recipe_edit_is_refused(data, tmp_path):
+    workdir = tmp_path / "runs"
+    _interrupt_after_step_2(_manifest(tmp_path, data, _fm_only()), workdir)
+    status_path = workdir / "tiny-wan" / "status.json"
+    before = {p: p.read_bytes() for p in (workdir / "tiny-wan").rglob("*") if p.is_file()}
+
+    refused = _solar_run(_manifest(tmp_path, data, _fm_only("train.optimizer.lr=0.5")), workdir)
+    assert refused.returncode == 2 and refused.stderr.count("\n") == 1, refused.stderr[-2000:]
+    assert "train.optimizer.lr 0.001 -> 0.5" in refused.stderr and "(RecipeChanged)" in refused.stderr
+    assert "checkpoint.accept_changes=[train.optimizer.lr]" in refused.stderr
+    assert {p: p.read_bytes() for p in (workdir / "tiny-wan").rglob("*") if p.is_file()} == before  # nothing written
+
+    longer = _manifest(tmp_path, data, _fm_only("train.max_steps=6"))
+    dry = subprocess.run([sys.executable, "-m", "solar", "run", "--dry-run", str(longer), "--workdir", str(workdir)],
+                         cwd=REPO, env=env(), capture_output=True, text=True, timeout=120)
+    assert dry.returncode == 0 and "final checkpoint step 6" in dry.stdout, dry.stderr[-2000:]
+    done = _solar_run(longer, workdir)
+    assert done.returncode == 0, done.stderr[-3000:]
+    assert "schedule change: train.max_steps 4 -> 6" in done.stderr
+    status = json.loads(status_path.read_text())
+    assert status["phase"] == "Succeeded" and status["stages"][0]["checkpoint"]["step"] == 6
+    fm = workdir / "tiny-wan" / "fm"
+    records = sorted((fm / "launches").glob("*-launch-manifest.json"))
+    changes = json.loads(records[-1].read_text())["changes"]
+    assert [(c["key"], c["old"], c["new"], c["kind"]) for c in changes] == [("train.max_steps", 4, 6, "schedule")]
+    assert changes[0]["from_step"] >= 3
+
+
+def test_a_failed_run_continues_once_its_manifest_is_fixed(data, tmp_path):
+    workdir = tmp_path / "runs"
+
+    def broken(doc):
+        _fm_only("train.max_steps=2")(doc)
+        doc["spec"]["runPolicy"]["backoffLimit"] = 0
+    failing = _manifest(tmp_path, tmp_path / "missing-data", broken)
+    first = _solar_run(failing, workdir)
+    assert first.returncode == 1, first.stderr[-2000:]
+    status = json.loads((workdir / "tiny-wan" / "status.json").read_text())
+    assert status["phase"] == "Failed" and status["stages"][0]["reason"] == "InputRefused"
+    assert "missing-data" in status["stages"][0]["message"]   # the trainer's own line
+    fixed = _solar_run(_manifest(tmp_path, data, broken), workdir)
+    assert fixed.returncode == 0, fixed.stderr[-3000:]
+    assert "SpecChanged" in fixed.stderr
+    status = json.loads((workdir / "tiny-wan" / "status.json").read_text())
+    assert status["phase"] == "Succeeded" and status["stages"][0]["checkpoint"]["step"] == 2

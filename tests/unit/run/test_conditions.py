@@ -33,5 +33,5 @@ def test_every_reason_is_unique_and_camel_case():
     names = [r.name for r in reasons]
     assert len(names) == len(set(names)) and all(n[0].isupper() and n.isalnum() for n in names)
     assert set(C.VALIDATION_REASONS) == {"UnsupportedRoute", "UnresolvedPlaceholder", "TopologyMismatch",
-                                         "InvalidInit", "InvalidSpec", "InsufficientGPUMemory",
+                                         "RecipeChanged", "InvalidInit", "InvalidSpec", "InsufficientGPUMemory",
                                          "InsufficientHostMemory", "BackendUnavailable"}

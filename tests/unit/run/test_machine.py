@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import copy
+import dataclasses
 
 import pytest
 import yaml
@@ -140,6 +141,67 @@ def test_failed_jobs_retry_from_the_last_checkpoint_until_the_backoff_limit():
     sim.step()
     assert sim.status.phase == "Failed" and sim.condition("Failed").reason == "BackoffLimitExceeded"
     assert "failed 2 times" in sim.status.stage("fm").message
+
+
+def _failed_past_the_limit(sim):
+    """fm failed once with backoffLimit 0: the run is Failed, the failed job kept."""
+    sim.step()
+    sim.files["fm"] = StageFiles(exists=True, launched=True, result="failed", result_error="non_finite",
+                                 latest=2, last_activity=T0)
+    sim.jobs["fm"] = JobState("tiny-wan-fm", "Failed", "exit code 1", attempt=1)
+    sim.step()
+    assert sim.status.phase == "Failed" and "tiny-wan-fm" in [j.name for j in sim.jobs.values()]
+
+
+def test_a_failed_run_continues_when_its_spec_changes():
+    sim = Sim(_spec(backoffLimit=0))
+    _failed_past_the_limit(sim)
+    assert not sim.step().actions and sim.status.phase == "Failed"   # the same generation: final
+    d = sim.step(generation=2)                                          # the spec was edited
+    assert [(a.kind, a.stage) for a in d.actions] == [("delete_job", "fm")] and not d.job_failures  # not counted again
+    assert [e[1] for e in d.events] == ["SpecChanged"] and sim.condition("Failed").status == "False"
+    assert sim.status.phase != "Failed" and sim.status.stage("fm").failures == 0
+    d = sim.step(generation=2)
+    assert d.actions[0].kind == "create_job" and d.actions[0].attempt == 2
+    assert d.actions[0].resume_from == "/runs/tiny-wan/fm/checkpoints/step_00000002"
+    sim.jobs["fm"] = JobState("tiny-wan-fm", "Failed", "exit code 1", attempt=2)
+    sim.step(generation=2)
+    assert sim.status.phase == "Failed" and sim.status.stage("fm").failures == 1  # its backoffLimit again
+
+
+def _resumable(sim, **recorded):
+    """fm stopped at step 2 (its job gone) with a launch whose config differs from the plan's by ``recorded``."""
+    sim.step()
+    old = copy.deepcopy(PLAN.stage("fm").resolved)
+    for key, value in recorded.items():
+        block, *path = key.split(".")
+        node = old[block]
+        for part in path[:-1]:
+            node = node[part]
+        node[path[-1]] = value
+    sim.files["fm"] = StageFiles(exists=True, launched=True, result="stopped", latest=2, last_activity=T0, config=old)
+    sim.jobs.pop("fm")
+
+
+def test_a_stage_whose_recipe_changed_waits_with_the_trainers_refusal_and_no_job():
+    sim = Sim()
+    _resumable(sim, **{"train.optimizer.lr": 0.5})
+    d = sim.step()
+    assert not d.actions and sim.status.stage("fm").phase == "Pending" and sim.status.phase == "Pending"
+    validated = sim.condition("Validated")
+    assert (validated.status, validated.reason) == ("False", "RecipeChanged")
+    assert "train.optimizer.lr 0.5 -> " in validated.message and "checkpoint.accept_changes" in validated.message
+    assert not sim.step().events   # reported once
+    sim.files["fm"] = dataclasses.replace(sim.files["fm"], config=copy.deepcopy(PLAN.stage("fm").resolved))
+    d = sim.step()                 # the spec (here: the recorded run) agrees again
+    assert d.actions[0].kind == "create_job" and sim.condition("Validated").status == "True"
+
+
+def test_a_longer_schedule_resumes_without_a_hold():
+    sim = Sim()
+    _resumable(sim, **{"train.max_steps": 2})   # the run was planned for 2 steps; the spec now trains longer
+    d = sim.step()
+    assert d.actions[0].kind == "create_job" and d.actions[0].resume_from.endswith("step_00000002")
 
 
 @pytest.mark.parametrize("error_type, reason", [("storage_full", "StorageFull"), ("storage_error", "StorageError")])

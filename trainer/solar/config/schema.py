@@ -295,6 +295,9 @@ class CheckpointBlock(Block):
     weights: Weights | None = Field(
         None, description="live or ema (infer: default from release-manifest.json).")
     roles: RolesBlock | None = Field(None, description="Per-role sources (checkpoint.mode roles).")
+    accept_changes: list[str] = Field(
+        default_factory=list, description="full_resume: the recipe keys (dotted, e.g. train.optimizer.lr) this "
+                                          "resume may change; each change is recorded (docs/resume.md).")
 
 
 class InferenceBlock(Block):

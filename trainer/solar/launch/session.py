@@ -23,6 +23,7 @@ the earlier launches of the same directory). A failure is recorded on each rank 
 from __future__ import annotations
 
 import os
+import sys
 import traceback
 from collections.abc import Callable
 from pathlib import Path
@@ -64,17 +65,19 @@ class Session:
         self.rank_log: run_dir.RankLog | None = None
         self.error: BaseException | None = None
         self.started: float | None = None
+        self.review = None   # rank 0: a resume's solar.config.changes.Review, returned by the checks
 
-    def check(self, checks: Callable[[], None]) -> None:
+    def check(self, checks: Callable[[], object]) -> None:
         """Run ``checks`` on rank 0 before anything is written; a refusal ends every rank with the
-        same ``SolarError`` (and the process group closed)."""
+        same ``SolarError`` (and the process group closed). What ``checks`` returns (a resume's
+        changes) is recorded in the launch files by ``open``."""
         from solar import STARTED
 
         d = self.dist
         verdict = None
         if d.rank == 0:
             try:
-                checks()
+                self.review = checks()
             except SolarError as exc:
                 verdict = str(exc)
         shared = d.all_gather_object((verdict, STARTED), "prepare")
@@ -86,14 +89,19 @@ class Session:
     def open(self) -> None:
         """The launch files (rank 0), then every rank's log, events and heartbeat."""
         d, out = self.dist, self.out
+        recorded = self.review.recorded if self.review is not None else []
         if d.rank == 0:
-            run_dir.write_launch(out, self.resolved, init_record(self.resolved.config))
+            run_dir.write_launch(out, self.resolved, init_record(self.resolved.config), recorded)
             run_dir.write_environment(out)
+            for line in self.review.lines() if self.review is not None else []:
+                print(f"solar: {line}", file=sys.stderr)
         d.barrier("launch-written")
         self.rank_log = run_dir.RankLog(out, d.rank)
         self.events, self.heartbeat = run_dir.EventLog(out, d.rank), run_dir.Heartbeat(out, d.rank)
         d.on_collective = self.heartbeat.collective
         self.events.write("start", rank=d.rank, world=d.world, pid=os.getpid(), route=self.resolved.route.key)
+        if d.rank == 0 and recorded:
+            self.events.write("config_changes", durable=True, changes=recorded)
 
     def failed(self, exc: BaseException) -> None:
         """What ended the launch (its traceback printed under SOLAR_DEBUG=1)."""

@@ -5,8 +5,11 @@ The same validation, planner and state machine as the operator; each stage is a 
 ``<workdir>/<metadata.name>/``: one directory per stage, ``logs/<stage>-<attempt>.log`` and
 ``status.json`` (the resource's ``status``), replaced atomically after every transition. Running
 the same command again continues an unfinished run (a training stage resumes from its newest
-verified checkpoint); a finished run is left as it is. Ctrl-C stops only the process groups this
-command started.
+verified checkpoint) with the manifest as it is now: an edit that a full resume allows (a longer
+``train.max_steps``, execution keys, recipe keys listed in ``checkpoint.accept_changes``) applies,
+any other is refused before anything runs, naming each key; a Failed run continues the same way
+(re-validated, its failures counted anew); a Succeeded run is left as it is. Ctrl-C stops only the
+process groups this command started.
 """
 
 from __future__ import annotations
@@ -23,7 +26,7 @@ from pathlib import Path
 from solar.config.canonical import pretty_bytes
 from solar.diagnose import failure_summary
 from solar.errors import SolarError
-from solar.run.machine import JobState, Observation, reconcile
+from solar.run.machine import JobState, Observation, recipe_problem, reconcile
 from solar.run.observe import LazyStageFiles, observe_stage
 from solar.run.plan import RunInvalid, RunPlan, StagePlan, plan_run
 from solar.run.spec import SolarRun, SolarRunStatus, first_error
@@ -54,6 +57,7 @@ class LocalJob:
         self.proc = subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, start_new_session=True,
                                      env={**os.environ, **(env or {}), "PYTHONUNBUFFERED": "1"})
         self.tail: list[str] = []
+        self.own_error: str | None = None
         self.pump = threading.Thread(target=self._pump, args=(echo,), daemon=True)
         self.pump.start()
 
@@ -63,6 +67,8 @@ class LocalJob:
             self.log.flush()
             line = raw.decode(errors="replace").rstrip()
             self.tail = (self.tail + [line])[-20:]
+            if line.strip().startswith("solar: error:"):   # the trainer's own line, before torchrun's summary
+                self.own_error = line.strip()[len("solar: error:"):].strip()
             if line.startswith("solar:"):
                 echo(f"  [{self.stage}] {line[len('solar:'):].strip()}")
 
@@ -73,9 +79,24 @@ class LocalJob:
         self.pump.join(timeout=5)
         if code == 0:
             return JobState(self.name, "Succeeded", created=self.created)
+        return JobState(self.name, "Failed", f"exit code {code}" + (f": {cause}" if (cause := self.cause()) else ""),
+                        created=self.created, exit_code=self.rank_exit_code(code))
+
+    def rank_exit_code(self, code: int) -> int:
+        """The ranks' own exit code: torchrun exits 1 for any failed rank and names the rank's code in its
+        summary (``exitcode  : 2 (pid: ...)``)."""
+        import re
+
+        found = [int(m.group(1)) for line in self.tail if (m := re.search(r"exitcode\s*:\s*(-?\d+)", line))]
+        return found[0] if found else code
+
+    def cause(self) -> str | None:
+        """The trainer's own error line (``solar: error: ...``, a rank's refusal or failure), else the
+        last other line that speaks of an error (torchrun's summary)."""
+        if self.own_error:
+            return self.own_error
         errors = [line for line in self.tail if "error" in line.lower() and "traceback" not in line.lower()]
-        return JobState(self.name, "Failed", f"exit code {code}" + (f": {errors[-1].strip()}" if errors else ""),
-                        created=self.created)
+        return errors[-1].strip() if errors else None
 
     def stop(self) -> None:
         if self.proc.poll() is None:
@@ -145,6 +166,12 @@ def dry_run(path: str, *, workdir: str = "solar-runs", nproc: int | None = None,
         if reshaped is not None:
             lines.append(f"#     {reshaped.summary()}")
             doc["reshape"] = reshaped.as_dict()
+        done = previous is not None and previous.stage(p.name) is not None and \
+            previous.stage(p.name).phase == "Succeeded"
+        problem = None if done or not start.resume_from else recipe_problem(p, files)
+        if problem:
+            raise SolarError(f"{path}: stage {p.name}: {problem} (RecipeChanged); edit the stage's set: in the "
+                             "manifest")
         docs.append(doc)
     out.write("\n".join(lines) + "\n" + "".join("---\n" + yaml.safe_dump(d, sort_keys=False, width=120)
                                                 for d in docs))
@@ -156,9 +183,12 @@ def run_manifest(path: str, *, workdir: str = "solar-runs", nproc: int | None = 
     spec, name, root, plan = _prepare(path, workdir, nproc)
     status_path = root / "status.json"
     previous = _previous(status_path)
-    if previous is not None and previous.phase in ("Succeeded", "Failed"):
-        echo(f"solar run: {name} already {previous.phase.lower()}; see {status_path}")
-        return 0 if previous.phase == "Succeeded" else 1
+    if previous is not None and previous.phase == "Succeeded":
+        echo(f"solar run: {name} already succeeded; see {status_path}")
+        return 0
+    # running a failed run again is a new generation of its spec: re-validated, it continues (machine.reopens)
+    generation = (previous.observedGeneration or 1) + 1 if previous is not None and previous.phase == "Failed" \
+        else (previous.observedGeneration or 1) if previous is not None else 1
     _refuse_reshape(path, plan, previous)
     env = local_env(spec, echo)
     root.mkdir(parents=True, exist_ok=True)
@@ -167,7 +197,7 @@ def run_manifest(path: str, *, workdir: str = "solar-runs", nproc: int | None = 
     interrupted = []
     handler = signal.signal(signal.SIGINT, lambda *_: interrupted.append(True))
     try:
-        status = _loop(spec, name, plan, previous, jobs, status_path, root, echo, interrupted, env)
+        status = _loop(spec, name, plan, previous, jobs, status_path, root, echo, interrupted, env, generation)
     finally:
         for job in jobs.values():
             job.stop()
@@ -194,7 +224,8 @@ def _previous(status_path: Path) -> SolarRunStatus | None:
 
 def _refuse_reshape(path: str, plan: RunPlan, previous: SolarRunStatus | None) -> None:
     """A continued run whose current stage would resume its checkpoint at another global batch
-    (another --nproc or manifest topology) is refused before anything runs or is written."""
+    (another --nproc or manifest topology), or with another recipe than its checkpoints were trained
+    with, is refused before anything runs or is written."""
     from solar.run import resume
 
     current = next((p for p in plan.stages if previous is None or previous.stage(p.name) is None
@@ -207,6 +238,10 @@ def _refuse_reshape(path: str, plan: RunPlan, previous: SolarRunStatus | None) -
         resume.planned_reshape(current, files, previous)
     except RunInvalid as exc:
         raise SolarError(f"{path}: {exc.message} ({exc.reason}); --nproc sets gpusPerNode") from None
+    problem = recipe_problem(current, files)
+    if problem:
+        raise SolarError(f"{path}: stage {current.name}: {problem} (RecipeChanged); edit the stage's set: in the "
+                         "manifest")
 
 
 def local_env(spec, echo) -> dict[str, str]:
@@ -226,8 +261,7 @@ def local_env(spec, echo) -> dict[str, str]:
 
 
 def _loop(spec, name: str, plan: RunPlan, status, jobs, status_path: Path, root: Path, echo, interrupted,
-          env: dict | None = None):
-    generation = 1
+          env: dict | None = None, generation: int = 1):
     while not interrupted:
         files = LazyStageFiles([p.name for p in plan.stages], lambda stage: observe_stage(
             plan.stage(stage).stage_dir, final_step=plan.stage(stage).final_step,
@@ -251,9 +285,11 @@ def _loop(spec, name: str, plan: RunPlan, status, jobs, status_path: Path, root:
             write_replace(status_path, pretty_bytes(status.model_dump(mode="json", exclude_none=True)))
         if status.phase in ("Succeeded", "Failed"):
             return status
-        held = next((st for st in status.stages if st.reason == "TopologyMismatch"), None)
+        held = next((st for st in status.stages if st.reason in ("TopologyMismatch", "RecipeChanged")), None)
         if held is not None and not jobs:   # nothing changes the manifest of a local run while it waits
-            raise SolarError(f"{held.message} (TopologyMismatch); --nproc sets gpusPerNode")
+            hint = "; --nproc sets gpusPerNode" if held.reason == "TopologyMismatch" else \
+                "; edit the stage's set: in the manifest (checkpoint.accept_changes lists recipe keys to change)"
+            raise SolarError(f"{held.message} ({held.reason}){hint}")
         time.sleep(POLL_SECONDS)
     return status
 

@@ -30,12 +30,13 @@ RESOLVED = Reason("Resolved", "{stages} stages resolved")
 UNSUPPORTED_ROUTE = Reason("UnsupportedRoute", "{detail}")
 UNRESOLVED_PLACEHOLDER = Reason("UnresolvedPlaceholder", "{detail}")
 TOPOLOGY_MISMATCH = Reason("TopologyMismatch", "{detail}")
+RECIPE_CHANGED = Reason("RecipeChanged", "stage {stage}: {detail}")
 INVALID_INIT = Reason("InvalidInit", "{detail}")
 INVALID_SPEC = Reason("InvalidSpec", "{detail}")
 INSUFFICIENT_GPU_MEMORY = Reason("InsufficientGPUMemory", "{detail}")
 INSUFFICIENT_HOST_MEMORY = Reason("InsufficientHostMemory", "{detail}")
 BACKEND_UNAVAILABLE = Reason("BackendUnavailable", "{detail}")
-VALIDATION_REASONS = tuple(r.name for r in (UNSUPPORTED_ROUTE, UNRESOLVED_PLACEHOLDER, TOPOLOGY_MISMATCH,
+VALIDATION_REASONS = tuple(r.name for r in (UNSUPPORTED_ROUTE, UNRESOLVED_PLACEHOLDER, TOPOLOGY_MISMATCH, RECIPE_CHANGED,
                                             INVALID_INIT, INVALID_SPEC, INSUFFICIENT_GPU_MEMORY,
                                             INSUFFICIENT_HOST_MEMORY, BACKEND_UNAVAILABLE))
 MEMORY_FORECAST = Reason("MemoryForecast", "GPU memory per GPU forecast: {detail}")
@@ -53,6 +54,8 @@ STAGE_RETRYING = Reason("StageRetrying", "stage {stage} attempt {attempt} failed
 STAGE_SUCCEEDED = Reason("StageSucceeded", "stage {stage} succeeded{what}")
 COMPLETED = Reason("Completed", "every stage succeeded")
 TOPOLOGY_CHANGED = Reason("TopologyChanged", "{detail}")
+REOPENED = Reason("SpecChanged", "spec changed (generation {generation}): the failed run continues; stage {stage} "
+                                  "resumes from its newest verified checkpoint, its failures counted anew")
 JOB_ADOPTED = Reason("JobAdopted", "stage {stage}: found its job {job} (attempt {attempt}) and continued watching it")
 
 # Stage success (success.py): a succeeded job is not yet a succeeded stage
@@ -76,6 +79,9 @@ STORAGE_FULL = Reason("StorageFull", "stage {stage} attempt {attempt} failed on 
                                     "would fill it again): {detail}")
 STORAGE_ERROR = Reason("StorageError", "stage {stage} attempt {attempt} failed on a failing volume, not retried: "
                                       "{detail}")
+INPUT_REFUSED = Reason("InputRefused", "stage {stage} attempt {attempt}: the trainer refused its input (exit code 2), "
+                                       "not retried (a retry would meet it again): {detail}; fix the spec and the run "
+                                       "continues")
 PROGRESS_DEADLINE_EXCEEDED = Reason("ProgressDeadlineExceeded", "stage {stage}: no checkpoint, heartbeat or event for "
                                                                 "{idle}s (progressDeadlineSeconds {limit}); its job was "
                                                                 "deleted")

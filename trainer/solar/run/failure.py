@@ -21,6 +21,9 @@ class Verdict:
 # A full or failing volume (run-result error_type): a retry would meet the same volume and, for a
 # full one, fill it again; the stage fails at once, its retries unspent.
 NOT_RETRIED = ("storage_full", "storage_error")
+# The trainer's exit code for an error in its input (a SolarError: a config, data or checkpoint the user
+# gave): a retry would meet the same input, so the stage fails at once; a spec change continues it.
+INPUT_ERROR_EXIT = 2
 
 
 def on_job_failed(*, failures: int, backoff_limit: int, job_message: str = "",

@@ -79,6 +79,7 @@ class JobState:
     suspended_by_operator: bool = False  # ... because the operator suspended it (SolarRun suspend)
     resumed: float | None = None  # when the job controller last reported it resumed (epoch seconds)
     version: str | None = None  # the API object's resourceVersion (an unchanged job needs no second look)
+    exit_code: int | None = None  # the trainer's own exit code, where the executor sees it (solar run)
 
 
 @dataclass
@@ -173,11 +174,14 @@ def reconcile(spec: SolarRunSpec | None, previous: SolarRunStatus | None, obs: O
     """``spec`` None means it does not parse; ``obs.invalid`` then says why."""
     if spec is None and obs.invalid is None:
         raise ValueError("reconcile without a spec needs obs.invalid")
+    reopening = reopens(previous, obs.generation)
     r = _Run(spec, previous, obs.now, obs.generation, obs.run)
     r.diagnose = obs.diagnose
     r.plan = obs.plan
     status = r.status
-    if previous is not None and previous.phase in TERMINAL:
+    if reopening:
+        _reopen(r)
+    elif previous is not None and previous.phase in TERMINAL:
         for job in previous.jobsToDelete or []:  # the verdict is out, its jobs' deletes are not done yet
             if job in {j.name for j in obs.jobs.values() if not j.deleting}:
                 stage = next((s.name for s in status.stages if s.job == job), "")
@@ -193,6 +197,10 @@ def reconcile(spec: SolarRunSpec | None, previous: SolarRunStatus | None, obs: O
     refused = _refused(plan, current, obs)
     if refused is not None:   # no new attempt of the stage until the spec keeps its global batch
         _mismatch(r, refused)
+    else:
+        refused = _recipe_refused(plan, current, obs)
+        if refused is not None:   # nor until it keeps the recipe the stage's checkpoints were trained with
+            _hold(r, C.RECIPE_CHANGED, refused)
     message = C.RESOLVED.message(stages=len(plan.stages))
     if refused is None and (previous is None or not C.is_true(previous.conditions, C.VALIDATED)):
         r.event("Normal", C.RESOLVED, message)
@@ -336,12 +344,65 @@ def _refused(plan: RunPlan, current: StageStatus | None, obs: Observation) -> re
 
 def _mismatch(r: _Run, found: reshape.Reshape) -> str:
     """Validated=False/TopologyMismatch (and its Warning once per message)."""
-    message = found.mismatch()
+    return _hold(r, C.TOPOLOGY_MISMATCH, found.mismatch())
+
+
+def _hold(r: _Run, reason: C.Reason, message: str) -> str:
+    """Validated=False with ``reason`` (and its Warning once per message)."""
     before = C.find(r.status.conditions, C.VALIDATED)
     if before is None or before.status != "False" or before.message != message:
-        r.event("Warning", C.TOPOLOGY_MISMATCH, message)
-    r.condition(C.VALIDATED, "False", C.TOPOLOGY_MISMATCH, message)
+        r.event("Warning", reason, message)
+    r.condition(C.VALIDATED, "False", reason, message)
     return message
+
+
+def recipe_problem(p: StagePlan, files: StageFiles) -> str | None:
+    """The trainer's own refusal of resuming this training stage's directory with the plan's config
+    (``solar.config.changes``: a recipe key changed and not listed in checkpoint.accept_changes, or
+    train.max_steps below the completed step), or None. Schedule and execution changes pass."""
+    if p.action != "train" or p.resolved is None or files.config is None or files.latest is None:
+        return None
+    from solar.config import changes
+
+    try:
+        changes.review(files.config, p.resolved, completed_step=files.latest, where=p.stage_dir)
+    except ValueError as exc:
+        return str(exc)
+    return None
+
+
+def _recipe_refused(plan: RunPlan, current: StageStatus | None, obs: Observation) -> str | None:
+    """The current stage's recipe refusal (``recipe_problem``), asked as ``_refused`` is: only while no
+    attempt of it runs."""
+    if current is None:
+        return None
+    job = obs.jobs.get(current.name)
+    if job is not None and not (job.deleting or job.suspended_by_operator or job.phase == "Failed"):
+        return None
+    problem = recipe_problem(plan.stage(current.name), obs.files.get(current.name) or StageFiles(exists=False))
+    return C.RECIPE_CHANGED.message(stage=current.name, detail=problem) if problem else None
+
+
+def reopens(previous: SolarRunStatus | None, generation: int) -> bool:
+    """A Failed run whose spec changed since it failed (a newer generation) continues: re-validated,
+    its failed stage resumed from its newest verified checkpoint with its failures counted anew."""
+    return previous is not None and previous.phase == "Failed" and not previous.jobsToDelete \
+        and generation > (previous.observedGeneration or 0)
+
+
+def _reopen(r: _Run) -> None:
+    status = r.status
+    failed = next((st for st in status.stages if st.phase == "Failed"), None)
+    status.phase = "Pending"
+    stage = failed.name if failed is not None else (status.currentStage or "-")
+    message = C.REOPENED.message(generation=r.generation, stage=stage)
+    r.condition(C.FAILED, "False", C.REOPENED, message)
+    r.event("Normal", C.REOPENED, message)
+    if failed is not None:
+        r.stage_phase(failed, "Pending")
+        failed.failures, failed.completionTime = 0, None
+        # a kept job of the failed attempt is deleted without counting it again (_job_failed)
+        failed.reason, failed.message = C.JOB_FAILED.name, message
 
 
 def _record_attempt(st: StageStatus, p: StagePlan, attempt: int, resumed_from: int | None, started: str) -> None:
@@ -359,12 +420,18 @@ def _start(r: _Run, st: StageStatus, p: StagePlan, files: StageFiles) -> None:
         r.fail(st, C.NOTHING_TO_RESUME, C.NOTHING_TO_RESUME.message(stage=st.name, attempt=st.attempt, dir=p.stage_dir))
         return
     found = reshape.of_stage(p, files.latest, files.position, st) if start.resume_from else None
+    held = None
     if found is not None and found.refused:
-        message = _mismatch(r, found)
+        held = (C.TOPOLOGY_MISMATCH, _mismatch(r, found))
+    elif start.resume_from and recipe_problem(p, files):
+        held = (C.RECIPE_CHANGED, _hold(r, C.RECIPE_CHANGED, C.RECIPE_CHANGED.message(
+            stage=st.name, detail=recipe_problem(p, files))))
+    if held is not None:
+        reason, message = held
         r.stage_phase(st, "Pending")
-        st.reason, st.message = C.TOPOLOGY_MISMATCH.name, message
+        st.reason, st.message = reason.name, message
         r.status.phase = "Pending"
-        r.condition(C.PROGRESSING, "False", C.TOPOLOGY_MISMATCH, message)
+        r.condition(C.PROGRESSING, "False", reason, message)
         return
     name = job_name(r.run, st.name)
     r.decision.actions.append(Action("create_job", st.name, name, attempt, start.resume_from))
@@ -418,6 +485,9 @@ def _job_failed(r: _Run, spec: SolarRunSpec, st: StageStatus, job: JobState, fil
     verdict = dataclasses.replace(verdict, detail=r.explained(st.name, verdict.detail))
     st.failures = verdict.failures
     r.decision.job_failures.append((st.name, files.result_error or "unknown"))
+    if job.exit_code == failure.INPUT_ERROR_EXIT:
+        r.fail(st, C.INPUT_REFUSED, C.INPUT_REFUSED.message(stage=st.name, attempt=st.attempt, detail=verdict.detail))
+        return
     if files.result_error in failure.NOT_RETRIED:
         reason = C.STORAGE_FULL if files.result_error == "storage_full" else C.STORAGE_ERROR
         r.fail(st, reason, reason.message(stage=st.name, attempt=st.attempt, detail=verdict.detail))

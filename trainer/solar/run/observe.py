@@ -15,6 +15,7 @@ from pathlib import Path
 
 from solar.run.reshape import DataPosition
 from solar.storage import checkpoints as ckpt
+from solar.storage.run_dir import latest_config
 
 
 @dataclass(frozen=True)
@@ -35,6 +36,7 @@ class StageFiles:
     marker_problem: str | None = None       # the expected COMPLETE.json exists but cannot be read as one
     skipped: tuple[str, ...] = ()           # newer checkpoints that do not verify ("<path>: <problem>")
     position: DataPosition | None = None    # the newest verified checkpoint's data/position.json, when it has one
+    config: dict | None = None              # the resolved config of the directory's latest launch
 
 
 def _document(path: Path, what: str) -> tuple[dict | None, str | None]:
@@ -125,10 +127,21 @@ def observe_stage(stage_dir: str | Path, *, final_step: int | None, validation_s
             marker, marker_status = True, doc["status"]
     activity = _mtime(list((root / "heartbeat").glob("*.json")) + list((root / "events").glob("*.jsonl"))
                       + list((root / "checkpoints").glob("step_*")) + [root / "run-result.json"])
-    return StageFiles(True, (root / "launch-manifest.json").is_file(), result, message, error,
+    launched = (root / "launch-manifest.json").is_file()
+    return StageFiles(True, launched, result, message, error,
                       latest["step"] if latest else None, final, problems, marker, marker_status, activity, usage,
                       result_problem, marker_problem, tuple(skipped),
-                      data_position(root / "checkpoints" / ckpt.step_name(latest["step"])) if latest else None)
+                      data_position(root / "checkpoints" / ckpt.step_name(latest["step"])) if latest else None,
+                      _latest_config(root) if launched else None)
+
+
+def _latest_config(root: Path) -> dict | None:
+    """The resolved config of the directory's latest launch (what a resume is compared with), None when
+    it cannot be read (the trainer's own check then speaks)."""
+    try:
+        return latest_config(root)
+    except (OSError, ValueError):
+        return None
 
 
 class LazyStageFiles(Mapping[str, StageFiles]):

@@ -24,11 +24,13 @@ else the run's).
 from __future__ import annotations
 
 import hashlib
+import json
 import math
 import os
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from solar.config.canonical import canonical_bytes
 from solar.errors import ConfigError
 from solar.run.spec import SolarRunSpec
 
@@ -65,6 +67,8 @@ class StagePlan:
     micro_batch: int = 1
     accumulation: int = 1
     topology_field: str = "spec.topology"   # where the stage's topology is set (the stage's own, else the run's)
+    # training: the resolved config (canonical JSON), what a resume of the stage is compared with
+    resolved: dict | None = field(default=None, compare=False, hash=False, repr=False)
 
     @property
     def world_size(self) -> int:
@@ -162,7 +166,9 @@ def plan_run(spec: SolarRunSpec, run_root: str, *, repo: str | os.PathLike[str] 
                                host_memory=host, host_limit=limit, sequence_parallel=t.sequenceParallelSize,
                                micro_batch=t.microBatchSize, accumulation=t.gradientAccumulation,
                                topology_field=f"spec.stages[{index}].topology" if stage.topology else
-                               "spec.topology"))
+                               "spec.topology",
+                               resolved=json.loads(canonical_bytes(resolved.config_dict)) if cfg.action == "train"
+                               else None))
     t = spec.topology
     dp = t.world_size // t.sequenceParallelSize
     return RunPlan(tuple(plans), t.world_size, dp, t.globalBatchSize or dp * t.microBatchSize * t.gradientAccumulation)

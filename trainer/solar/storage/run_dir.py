@@ -27,20 +27,6 @@ from solar.storage.atomic import write_create_only, write_replace
 
 LAUNCH_SCHEMA = "solar.launch.v1"
 RESULT_SCHEMA = "solar.run-result.v1"
-# Keys a full resume may change without making it another run. Checkpoints hold whole tensors or
-# shards any topology reads, the data stream's state is kept by reader (global-batch position), not by
-# rank, and every training draw is keyed by its clip, so the topology may change — world, SP, sharding,
-# activation checkpointing, micro-batch and accumulation — as long as the global batch
-# (train.global_batch_size, which stays) does not (issue 39).
-RESUME_KEYS = (("checkpoint", "mode"), ("checkpoint", "path"), ("checkpoint", "weights"),
-               ("checkpoint", "roles"), ("runtime", "exit_after_step"),
-               ("distributed", "world_size"), ("distributed", "sequence_parallel_size"), ("distributed", "backend"),
-               ("distributed", "sharding"), ("distributed", "activation_checkpointing"),
-               ("distributed", "activation_checkpointing_policy"),
-               ("distributed", "activation_checkpointing_skip_blocks"), ("distributed", "timeout_seconds"),
-               ("train", "micro_batch_size"), ("train", "gradient_accumulation"))
-
-
 def code_revision(repo: Path | None = None) -> dict:
     repo = repo or Path(__file__).resolve().parents[3]
     try:
@@ -54,51 +40,93 @@ def code_revision(repo: Path | None = None) -> dict:
 
 
 def identity(config: dict) -> dict:
-    """The config without the keys a resume may change."""
-    out = json.loads(canonical_bytes(config))
-    for block, key in RESUME_KEYS:
-        out.get(block, {}).pop(key, None)
-    return out
+    """The config without the keys a resume may change freely or with a recorded line (execution and
+    schedule keys, ``solar.config.changes``): what makes the run the run it is."""
+    from solar.config.changes import RECIPE, flatten, kind_of
+
+    return {k: v for k, v in flatten(json.loads(canonical_bytes(config))).items() if kind_of(k) == RECIPE}
 
 
 def launch_identity_digest(config: dict) -> str:
     return digest(identity(config))
 
 
-def launch_manifest(resolved, init: dict) -> dict:
+def launch_manifest(resolved, init: dict, changes: list[dict] | None = None) -> dict:
     cfg = resolved.config_dict
-    return {"schema": LAUNCH_SCHEMA, "action": cfg["action"], "name": cfg["name"], "route": resolved.route.key,
-            "source_config": {"path": resolved.source, "digest": resolved.source_digest},
-            "resolved_config_digest": resolved.resolved_digest, "code": code_revision(),
-            "topology": resolved.topology.as_dict(), "init": init,
-            "launch_identity_digest": launch_identity_digest(cfg)}
+    doc = {"schema": LAUNCH_SCHEMA, "action": cfg["action"], "name": cfg["name"], "route": resolved.route.key,
+           "source_config": {"path": resolved.source, "digest": resolved.source_digest},
+           "resolved_config_digest": resolved.resolved_digest, "code": code_revision(),
+           "topology": resolved.topology.as_dict(), "init": init,
+           "launch_identity_digest": launch_identity_digest(cfg)}
+    if changes:
+        doc["changes"] = changes
+    return doc
 
 
-def prepare(output_dir: Path, resolved, *, resuming: bool) -> None:
-    """Check the directory may be used; raise before anything is written."""
+def latest_config(output_dir: Path) -> dict:
+    """The resolved config of the run directory's latest launch (``launches/NNNN-resolved-config.json``,
+    else ``resolved-config.json``): what a resume is compared with."""
+    records = sorted((output_dir / "launches").glob("*-resolved-config.json"))
+    return json.loads((records[-1] if records else output_dir / "resolved-config.json").read_text())
+
+
+def recorded_changes(output_dir: Path) -> list[dict]:
+    """Every schedule and accepted recipe change the run's launches recorded, oldest first."""
+    out = []
+    for path in sorted((output_dir / "launches").glob("*-launch-manifest.json")):
+        try:
+            out += json.loads(path.read_text()).get("changes") or []
+        except (OSError, ValueError):
+            continue
+    return out
+
+
+_VERB = {"train": "a training run", "infer": "an inference run"}
+
+
+def prepare(output_dir: Path, resolved, *, resuming: bool, completed_step: int | None = None):
+    """Check the directory may be used; raise before anything is written. A resume (or a continued
+    generation) returns its ``solar.config.changes.Review`` against the run's latest launch: a
+    training resume may change execution keys freely, schedule keys with a recorded line and recipe
+    keys listed in ``checkpoint.accept_changes``; a continued generation execution keys only (not its
+    checkpoint). Every refusal names each differing key with both values."""
+    from solar.config import changes
+
     if output_dir.exists() and not output_dir.is_dir():
         raise SolarError(f"runtime.output_dir {output_dir} is a file")
     existing = output_dir / "launch-manifest.json"
     if not output_dir.exists() or not any(output_dir.iterdir()):
         if resuming:
             raise SolarError(f"checkpoint.mode=full_resume but {output_dir} holds no run to resume")
-        return
+        return None
     if not existing.is_file():
         raise SolarError(f"runtime.output_dir {output_dir} is not empty and holds no Solar run; use a new directory")
+    recorded = json.loads(existing.read_text())
+    action, name = resolved.config_dict["action"], recorded.get("name")
+    if recorded.get("action", action) != action:
+        raise SolarError(f"runtime.output_dir {output_dir} holds {_VERB.get(recorded.get('action'), 'another run')} "
+                         f"({name!r}); solar {action} needs a new directory")
     if not resuming:
-        raise SolarError(f"runtime.output_dir {output_dir} already holds run "
-                         f"{json.loads(existing.read_text()).get('name')!r}; use a new directory, or resume it with "
-                         "--set checkpoint.mode=full_resume --set checkpoint.path=<output_dir>/checkpoints/step_N")
-    recorded = json.loads(existing.read_text()).get("launch_identity_digest")
-    if recorded != launch_identity_digest(resolved.config_dict):
-        raise SolarError(f"{output_dir} holds a run with a different configuration; a full resume must use the "
-                         "same config (only checkpoint.mode/path/weights/roles, runtime.exit_after_step, the distributed "
-                         "block and train.micro_batch_size/gradient_accumulation may change, keeping the global batch)")
+        raise SolarError(f"runtime.output_dir {output_dir} already holds run {name!r}; use a new directory, or resume it "
+                         "with --set checkpoint.mode=full_resume --set checkpoint.path=<output_dir>/checkpoints/step_N")
+    old, new = latest_config(output_dir), json.loads(canonical_bytes(resolved.config_dict))
+    if action == "infer":
+        differ = [c for c in changes.diff(old, new) if c.kind != changes.EXECUTION or c.key.startswith("checkpoint.")]
+        if differ:
+            shown = ", ".join(c.text() for c in differ[:changes.SHOWN])
+            more = f" and {len(differ) - changes.SHOWN} more" if len(differ) > changes.SHOWN else ""
+            raise SolarError(f"{output_dir} holds an unfinished generation with another config: {shown}{more}; "
+                             "continue it with the same config or use a new runtime.output_dir")
+        return changes.Review([], [], [])
+    try:
+        return changes.review(old, new, completed_step=completed_step, where=str(output_dir))
+    except ValueError as exc:
+        raise SolarError(str(exc)) from None
 
 
-def write_launch(output_dir: Path, resolved, init: dict) -> None:
+def write_launch(output_dir: Path, resolved, init: dict, changes: list[dict] | None = None) -> None:
     output_dir.mkdir(parents=True, exist_ok=True)
-    manifest = pretty_bytes(launch_manifest(resolved, init))
+    manifest = pretty_bytes(launch_manifest(resolved, init, changes))
     config = canonical_bytes(resolved.config_dict) + b"\n"
     if not (output_dir / "launch-manifest.json").exists():
         write_create_only(output_dir / "resolved-config.json", config, what="resolved-config.json")
@@ -106,7 +134,7 @@ def write_launch(output_dir: Path, resolved, init: dict) -> None:
         return
     launches = output_dir / "launches"
     launches.mkdir(exist_ok=True)
-    index = len(list(launches.glob("*.json"))) + 1
+    index = max((int(p.name[:4]) for p in launches.glob("[0-9][0-9][0-9][0-9]-*.json")), default=0) + 1
     write_create_only(launches / f"{index:04d}-launch-manifest.json", manifest, what="launch record")
     write_create_only(launches / f"{index:04d}-resolved-config.json", config, what="launch record")
 

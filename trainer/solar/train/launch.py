@@ -144,7 +144,7 @@ def _auto_kept_blocks(resolved, d):
     return dataclasses.replace(resolved, config=chosen), kept
 
 
-def _check(resolved, out: Path, resuming: bool, device) -> None:
+def _check(resolved, out: Path, resuming: bool, device):
     """Rank 0, before anything is written: FP8's needs, the run directory, every weight source, the
     video writer and the test set."""
     cfg = resolved.config
@@ -155,9 +155,11 @@ def _check(resolved, out: Path, resuming: bool, device) -> None:
         raise SolarError(problem)
     from solar.train.sources import preflight_sources, require_global_batch
 
+    completed = None
     if cfg.checkpoint.mode == "full_resume":   # a changed global batch named as such, before the run's own check
         require_global_batch(cfg, cfg.checkpoint.path)
-    run_dir.prepare(out, resolved, resuming=resuming)
+        completed = _checkpoint_step(cfg.checkpoint.path)
+    review = run_dir.prepare(out, resolved, resuming=resuming, completed_step=completed)
     preflight_sources(resolved)
     run = cfg.runtime
     if cfg.validation.passes and (run.validate_every or run.validation_steps):
@@ -166,3 +168,15 @@ def _check(resolved, out: Path, resuming: bool, device) -> None:
 
         check_writer()
         check_test_set(cfg, out / "validation" / "frozen-plan.json")
+    return review
+
+
+def _checkpoint_step(path: str) -> int | None:
+    """The step of the checkpoint a full resume reads, or None when it cannot be read (the source
+    checks that follow say why)."""
+    from solar.storage.checkpoints import read_manifest
+
+    try:
+        return int(read_manifest(path)["step"])
+    except (OSError, ValueError, KeyError, TypeError):
+        return None
