@@ -36,11 +36,15 @@ SHUTDOWN_MARGIN_SECONDS = 30
 
 
 def exit_status(codes: Sequence[int]) -> int:
-    """The launcher's exit status from the failed ranks' exit codes (a negative code: killed by that
-    signal, 128 + signal as a shell says): their common code when they agree, else the first one's."""
-    shell = [128 - c if c < 0 else c for c in codes]
-    failed = [c for c in shell if c != 0]
-    return (shell[0] if len(set(shell)) == 1 else failed[0]) if failed else 0
+    """The launcher's exit status from the failed ranks' exit codes, in rank order. A negative code is a
+    rank killed by that signal (the agent ends the other ranks with SIGTERM once one has failed), so the
+    first code a rank exited with itself decides; only when every failed rank was killed does the
+    first signal (as 128 + signal, a shell's convention)."""
+    own = [c for c in codes if c > 0]
+    if own:
+        return own[0]
+    killed = [128 - c for c in codes if c < 0]
+    return killed[0] if killed else 0
 
 
 def after_signal(signum: int, result: Path, started: float) -> int:
@@ -99,6 +103,10 @@ def launch(verb: str, config: str, sets: Sequence[str], nproc: int) -> int:
     print(f"solar: starting {nproc} ranks on this machine for distributed.world_size={nproc} (as torchrun "
           f"--standalone --nproc-per-node={nproc} would)", file=sys.stderr, flush=True)
     os.environ.setdefault("OMP_NUM_THREADS", "1")   # as torchrun does for more than one rank per machine
+    import logging
+
+    # the ranks say what happened in their own lines; the agent's per-process log lines would repeat it
+    logging.getLogger("torch.distributed.elastic").setLevel(logging.CRITICAL)
     launch_config = LaunchConfig(
         min_nodes=1, max_nodes=1, nproc_per_node=nproc, run_id=str(uuid.uuid4()), rdzv_backend="c10d",
         rdzv_endpoint="localhost:0", max_restarts=0,
