@@ -169,6 +169,16 @@ def test_a_failed_run_continues_when_its_spec_changes():
     assert sim.status.phase == "Failed" and sim.status.stage("fm").failures == 1  # its backoffLimit again
 
 
+def test_a_trainer_that_refused_its_input_is_not_retried():
+    sim = Sim(_spec(backoffLimit=3))
+    sim.step()
+    sim.jobs["fm"] = JobState("tiny-wan-fm", "Failed", "exit code 1: data.root /nope does not exist", attempt=1,
+                              refused=True)
+    d = sim.step()
+    assert sim.status.phase == "Failed" and sim.condition("Failed").reason == "InputRefused"
+    assert "data.root /nope does not exist" in sim.status.stage("fm").message and not d.actions  # kept, not retried
+
+
 def _resumable(sim, **recorded):
     """fm stopped at step 2 (its job gone) with a launch whose config differs from the plan's by ``recorded``."""
     sim.step()

@@ -26,6 +26,7 @@ from pathlib import Path
 from solar.config.canonical import pretty_bytes
 from solar.diagnose import failure_summary
 from solar.errors import SolarError
+from solar.run.failure import INPUT_ERROR_EXIT
 from solar.run.machine import JobState, Observation, recipe_problem, reconcile
 from solar.run.observe import LazyStageFiles, observe_stage
 from solar.run.plan import RunInvalid, RunPlan, StagePlan, plan_run
@@ -50,8 +51,11 @@ def load_manifest(path: str) -> SolarRun:
 class LocalJob:
     """One stage attempt as a process group, its output copied to a log and to stderr."""
 
-    def __init__(self, name: str, stage: str, argv: list[str], log: Path, echo, env: dict | None = None) -> None:
+    def __init__(self, name: str, stage: str, argv: list[str], log: Path, echo, env: dict | None = None,
+                 stage_dir: str | None = None) -> None:
         self.name, self.stage, self.created = name, stage, time.time()
+        self.stage_dir = Path(stage_dir) if stage_dir else None
+        self.launches = self._launch_records()
         log.parent.mkdir(parents=True, exist_ok=True)
         self.log = open(log, "ab")
         self.proc = subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, start_new_session=True,
@@ -79,8 +83,9 @@ class LocalJob:
         self.pump.join(timeout=5)
         if code == 0:
             return JobState(self.name, "Succeeded", created=self.created)
+        refused = self.rank_exit_code(code) == INPUT_ERROR_EXIT and self._launch_records() == self.launches
         return JobState(self.name, "Failed", f"exit code {code}" + (f": {cause}" if (cause := self.cause()) else ""),
-                        created=self.created, exit_code=self.rank_exit_code(code))
+                        created=self.created, refused=refused)
 
     def rank_exit_code(self, code: int) -> int:
         """The ranks' own exit code: torchrun exits 1 for any failed rank and names the rank's code in its
@@ -89,6 +94,13 @@ class LocalJob:
 
         found = [int(m.group(1)) for line in self.tail if (m := re.search(r"exitcode\s*:\s*(-?\d+)", line))]
         return found[0] if found else code
+
+    def _launch_records(self) -> int:
+        """How many launches the stage directory records (a refused launch adds none)."""
+        if self.stage_dir is None:
+            return 0
+        return int((self.stage_dir / "launch-manifest.json").is_file()) + \
+            len(list((self.stage_dir / "launches").glob("*-launch-manifest.json")))
 
     def cause(self) -> str | None:
         """The trainer's own error line (``solar: error: ...``, a rank's refusal or failure), else the
@@ -276,7 +288,8 @@ def _loop(spec, name: str, plan: RunPlan, status, jobs, status_path: Path, root:
             elif action.kind == "create_job":
                 p = plan.stage(action.stage)
                 jobs[action.stage] = LocalJob(action.job, action.stage, _argv(p, action.resume_from),
-                                              root / "logs" / f"{action.stage}-{action.attempt}.log", echo, env)
+                                              root / "logs" / f"{action.stage}-{action.attempt}.log", echo, env,
+                                              p.stage_dir)
         for kind, reason, message in decision.events:
             echo(f"solar run: {reason}: {message}")
         changed = status is None or decision.status != status

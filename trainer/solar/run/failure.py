@@ -21,8 +21,10 @@ class Verdict:
 # A full or failing volume (run-result error_type): a retry would meet the same volume and, for a
 # full one, fill it again; the stage fails at once, its retries unspent.
 NOT_RETRIED = ("storage_full", "storage_error")
-# The trainer's exit code for an error in its input (a SolarError: a config, data or checkpoint the user
-# gave): a retry would meet the same input, so the stage fails at once; a spec change continues it.
+# The trainer's exit code for a SolarError. Exiting with it before its launch wrote anything (no new launch
+# record) is a refusal of its input (a config, data or checkpoint the user gave): a retry would meet the same
+# input, so the stage fails at once (InputRefused) and a spec change continues it. A launch that ran and then
+# failed with it (OOM, non-finite loss, a collective) is retried as any failure.
 INPUT_ERROR_EXIT = 2
 
 

@@ -79,7 +79,8 @@ class JobState:
     suspended_by_operator: bool = False  # ... because the operator suspended it (SolarRun suspend)
     resumed: float | None = None  # when the job controller last reported it resumed (epoch seconds)
     version: str | None = None  # the API object's resourceVersion (an unchanged job needs no second look)
-    exit_code: int | None = None  # the trainer's own exit code, where the executor sees it (solar run)
+    refused: bool = False       # the trainer refused its input before writing anything (exit 2 with no new
+                                # launch record), where the executor sees it (solar run)
 
 
 @dataclass
@@ -485,7 +486,7 @@ def _job_failed(r: _Run, spec: SolarRunSpec, st: StageStatus, job: JobState, fil
     verdict = dataclasses.replace(verdict, detail=r.explained(st.name, verdict.detail))
     st.failures = verdict.failures
     r.decision.job_failures.append((st.name, files.result_error or "unknown"))
-    if job.exit_code == failure.INPUT_ERROR_EXIT:
+    if job.refused:
         r.fail(st, C.INPUT_REFUSED, C.INPUT_REFUSED.message(stage=st.name, attempt=st.attempt, detail=verdict.detail))
         return
     if files.result_error in failure.NOT_RETRIED:
