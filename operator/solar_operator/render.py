@@ -105,7 +105,7 @@ def main(argv: list[str], *, repo: Path) -> int:
         print(f"solar-operator render: error: --storage-root {root} is not a directory", file=sys.stderr)
         return 2
     try:
-        _, doc = read_document(args.manifest)
+        _, doc = read_document(args.manifest, what="MANIFEST")
         if not isinstance(doc, dict):
             raise RunInvalid("InvalidSpec", "the manifest is not one SolarRun document")
         reshapes: dict = {}

@@ -78,6 +78,8 @@ def test_interrupted_run_continues_where_it_stopped_and_finishes(data, tmp_path)
     assert (workdir / "tiny-wan" / "generate" / "generation" / "COMPLETE.json").is_file()
     assert (workdir / "tiny-wan" / "logs" / "anyflow-2.log").is_file()
     assert "solar run: Succeeded" in again.stderr
+    summary = again.stderr.split("solar run: Succeeded", 1)[1]
+    assert re.search(r"generate +Succeeded .*\| generation complete", summary) and "validation complete" in summary
     usage = {s["name"]: s["usage"] for s in status["stages"]}  # GPU time from each stage's run-result.json
     assert all(u["gpuSeconds"] > 0 for u in usage.values()) and [a["status"] for a in usage["anyflow"]["attempts"]][-1] \
         == "complete"
@@ -226,4 +228,30 @@ def test_a_failed_run_continues_once_its_manifest_is_fixed(data, tmp_path):
     assert fixed.returncode == 0, fixed.stderr[-3000:]
     assert "SpecChanged" in fixed.stderr
     status = json.loads((workdir / "tiny-wan" / "status.json").read_text())
+    assert status["phase"] == "Succeeded" and status["stages"][0]["checkpoint"]["step"] == 2
+
+
+def test_an_example_manifest_runs_from_another_directory(data, tmp_path):
+    # the example as a user copies it: data.root relative to the manifest's own directory, the stage
+    # configs found in the repository of the installed package, the command run from elsewhere
+    doc = yaml.safe_load((REPO / "examples" / "solarrun-tiny.yaml").read_text())
+    assert doc["spec"]["stages"][0]["set"][0] == "data.root=../demo-out/synth/wan22_ti2v_5b"
+    fm = doc["spec"]["stages"][0]
+    doc["spec"]["stages"] = [dict(fm, set=fm["set"] + ["train.max_steps=2", "runtime.validate_every=0"])]
+    (tmp_path / "examples").mkdir()
+    manifest = tmp_path / "examples" / "solarrun-tiny.yaml"
+    manifest.write_text(yaml.safe_dump(doc))
+    (tmp_path / "demo-out" / "synth").mkdir(parents=True)
+    (tmp_path / "demo-out" / "synth" / "wan22_ti2v_5b").symlink_to(data)
+    elsewhere = tmp_path / "elsewhere"
+    elsewhere.mkdir()
+    args = [sys.executable, "-m", "solar", "run", "../examples/solarrun-tiny.yaml", "--workdir", "runs"]
+    dry = subprocess.run([*args, "--dry-run"], cwd=elsewhere, env=env(), capture_output=True, text=True, timeout=120)
+    assert dry.returncode == 0, dry.stderr[-2000:]
+    command = yaml.safe_load(dry.stdout.split("---\n", 1)[1])["command"]
+    assert f"data.root={tmp_path / 'demo-out' / 'synth' / 'wan22_ti2v_5b'}" in command   # the resolved paths
+    assert str(REPO / "configs" / "solar_wm" / "tiny" / "wan22_ti2v_5b" / "train_stage0p5_fm_81f.yaml") in command
+    done = subprocess.run(args, cwd=elsewhere, env=env(), capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, done.stderr[-3000:]
+    status = json.loads((elsewhere / "runs" / "tiny-wan" / "status.json").read_text())
     assert status["phase"] == "Succeeded" and status["stages"][0]["checkpoint"]["step"] == 2

@@ -127,18 +127,19 @@ def parse_json(text: str, source: str = "<config>") -> Any:
         raise ConfigError(f"{source}:{exc.lineno}: invalid JSON: {exc.msg}") from None
 
 
-def read_document(path: str | os.PathLike[str]) -> tuple[bytes, dict[str, Any]]:
-    """Read a config file; returns its exact bytes (for the source digest) and the parsed mapping."""
+def read_document(path: str | os.PathLike[str], what: str = "--config") -> tuple[bytes, dict[str, Any]]:
+    """Read a config file; returns its exact bytes (for the source digest) and the parsed mapping.
+    ``what`` names the argument in errors (``MANIFEST`` for a SolarRun)."""
     source = str(path)
     p = Path(path)
     try:
         raw = p.read_bytes()
     except FileNotFoundError:
-        raise ConfigError(f"--config {source}: no such file") from None
+        raise ConfigError(f"{what} {source}: no such file") from None
     except IsADirectoryError:
-        raise ConfigError(f"--config {source}: is a directory, expected a YAML or JSON file") from None
+        raise ConfigError(f"{what} {source}: is a directory, expected a YAML or JSON file") from None
     except OSError as exc:
-        raise ConfigError(f"--config {source}: cannot read ({exc.strerror})") from None
+        raise ConfigError(f"{what} {source}: cannot read ({exc.strerror})") from None
     try:
         text = raw.decode("utf-8")
     except UnicodeDecodeError:

@@ -41,7 +41,7 @@ def load_manifest(path: str) -> SolarRun:
 
     from solar.config.loader import read_document
 
-    _, tree = read_document(path)
+    _, tree = read_document(path, what="MANIFEST")
     try:
         return SolarRun.model_validate(tree)
     except ValidationError as exc:
@@ -121,10 +121,58 @@ class LocalJob:
         self.log.close()
 
 
-def _prepare(path: str, workdir: str, nproc: int | None):
-    """(spec, name, run root, plan): the manifest validated and planned as ``solar run`` runs it."""
+# --set keys whose relative values are files or directories the manifest names: ``solar run`` resolves
+# them against the manifest's own directory (data.train_index and the other data files are relative
+# to data.root by the data contract and stay so).
+PATH_KEYS = ("data.root", "model.pretrained_path", "model.vae_path", "checkpoint.path")
+
+
+def package_repo() -> Path:
+    """The repository the running ``solar`` package belongs to (its ``configs/`` are the stage configs'
+    home, as the image's repository is on a cluster); the working directory when it has none."""
+    import solar
+
+    repo = Path(solar.__file__).resolve().parents[2]
+    return repo if (repo / "configs").is_dir() else Path.cwd()
+
+
+def _resolve_paths(path: str, spec, repo: Path):
+    """The manifest's relative paths made absolute, as ``solar run`` uses them from any working
+    directory: a stage's ``config`` beside the manifest when it is there, else in the repository
+    (``package_repo``); a relative path value of ``PATH_KEYS`` (and ``checkpoint.roles.<role>.path``)
+    in a stage's ``set:`` against the manifest's directory."""
+    here = Path(path).resolve().parent
+    stages = []
+    for index, stage in enumerate(spec.stages):
+        config = Path(stage.config)
+        if not config.is_absolute():
+            beside, shipped = here / config, repo / config
+            if not beside.is_file() and not shipped.is_file():
+                raise SolarError(f"{path}: spec.stages[{index}].config: {stage.config} is neither beside the manifest "
+                                 f"({here}) nor in the repository {repo}")
+            config = beside if beside.is_file() else shipped
+        sets = []
+        for item in stage.set:
+            key, sep, value = item.partition("=")
+            is_path = key in PATH_KEYS or (key.startswith("checkpoint.roles.") and key.endswith(".path"))
+            if sep and is_path and value and value != "null" and "${" not in value and not Path(value).is_absolute():
+                item = f"{key}={os.path.normpath(here / value)}"
+            sets.append(item)
+        stages.append(stage.model_copy(update={"config": str(config), "set": sets}))
+    return spec.model_copy(update={"stages": stages})
+
+
+def _global_batch(t) -> int:
+    return t.globalBatchSize or t.world_size // t.sequenceParallelSize * t.microBatchSize * t.gradientAccumulation
+
+
+def _prepare(path: str, workdir: str, nproc: int | None, echo=lambda m: None):
+    """(spec, name, run root, plan): the manifest validated and planned as ``solar run`` runs it, its
+    relative paths resolved (``_resolve_paths``)."""
     manifest = load_manifest(path)
     spec, name = manifest.spec, manifest.metadata.name
+    repo = package_repo()
+    spec = _resolve_paths(path, spec, repo)
     for where, t in [("spec.topology", spec.topology)] + [(f"spec.stages[{i}].topology", s.topology)
                                                          for i, s in enumerate(spec.stages) if s.topology]:
         if t.nodes != 1:
@@ -134,13 +182,19 @@ def _prepare(path: str, workdir: str, nproc: int | None):
         if nproc < 1:
             raise SolarError(f"--nproc must be >= 1, got {nproc}")
         override = lambda t: t.model_copy(update={"gpusPerNode": nproc})  # noqa: E731
+        before, after = _global_batch(spec.topology), _global_batch(override(spec.topology))
+        fresh = not (Path(workdir).resolve() / name).exists()  # a continued run is refused instead
+        if before != after and fresh:
+            echo(f"solar run: --nproc {nproc} trains at world {override(spec.topology).world_size} (spec.topology "
+                 f"says {spec.topology.world_size}): global batch {after} instead of the manifest's {before}, "
+                 "another training recipe")
         spec = spec.model_copy(update={
             "topology": override(spec.topology),
             "stages": [s.model_copy(update={"topology": override(s.topology)}) if s.topology else s
                        for s in spec.stages]})
     root = Path(workdir).resolve() / name
     try:
-        plan = plan_run(spec, str(root), repo=Path.cwd())
+        plan = plan_run(spec, str(root), repo=repo)
     except RunInvalid as exc:
         raise SolarError(f"{path}: {exc.message} ({exc.reason})") from None
     return spec, name, root, plan
@@ -157,7 +211,7 @@ def dry_run(path: str, *, workdir: str = "solar-runs", nproc: int | None = None,
     from solar.run import resume
 
     out = out or sys.stdout
-    spec, name, root, plan = _prepare(path, workdir, nproc)
+    spec, name, root, plan = _prepare(path, workdir, nproc, echo)
     previous = _previous(root / "status.json")
     env = local_env(spec, echo)
     lines = [f"# solar run {name}: {len(plan.stages)} stages in {root}; world size {plan.world_size}, "
@@ -192,7 +246,7 @@ def dry_run(path: str, *, workdir: str = "solar-runs", nproc: int | None = None,
 
 def run_manifest(path: str, *, workdir: str = "solar-runs", nproc: int | None = None,
                  echo=lambda m: print(m, file=sys.stderr, flush=True)) -> int:
-    spec, name, root, plan = _prepare(path, workdir, nproc)
+    spec, name, root, plan = _prepare(path, workdir, nproc, echo)
     status_path = root / "status.json"
     previous = _previous(status_path)
     if previous is not None and previous.phase == "Succeeded":
@@ -217,7 +271,7 @@ def run_manifest(path: str, *, workdir: str = "solar-runs", nproc: int | None = 
     if interrupted:
         echo(f"solar run: interrupted; run the same command again to continue ({status_path})")
         return 130
-    _summary(status, root, echo)
+    _summary(status, root, echo, plan)
     return 0 if status.phase == "Succeeded" else 1
 
 
@@ -312,14 +366,16 @@ def _argv(p: StagePlan, resume_from: str | None) -> list[str]:
             *p.arguments(resume_from)]
 
 
-def _summary(status: SolarRunStatus, root: Path, echo) -> None:
+def _summary(status: SolarRunStatus, root: Path, echo, plan: RunPlan | None = None) -> None:
     echo(f"\nsolar run: {status.phase}")
     for st in status.stages:
         bits = [f"{st.name:<12} {st.phase:<10} attempt {st.attempt}"]
         if st.checkpoint:
             bits.append(f"checkpoint step {st.checkpoint.step}")
         if st.validation:
-            bits.append(f"validation {'complete' if st.validation.complete else 'partial'}")
+            infer = plan is not None and plan.stage(st.name).action == "infer"
+            bits.append(f"{'generation' if infer else 'validation'} "
+                        f"{'complete' if st.validation.complete else 'partial'}")
         if st.usage:
             bits.append(f"{st.usage.gpuSeconds / 3600:.4f} GPU-hours in {len(st.usage.attempts)} launch(es)")
         if st.message:

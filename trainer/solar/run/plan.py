@@ -142,6 +142,9 @@ def plan_run(spec: SolarRunSpec, run_root: str, *, repo: str | os.PathLike[str] 
                  f"distributed.sequence_parallel_size={t.sequenceParallelSize}"]
         if action == "train":  # the run's topology decides the batch: a given globalBatchSize must agree
             derived = world // t.sequenceParallelSize * t.microBatchSize * t.gradientAccumulation
+            if t.globalBatchSize and t.globalBatchSize != derived:
+                raise RunInvalid("TopologyMismatch", _batch_mismatch(
+                    f"spec.stages[{index}].topology" if stage.topology else "spec.topology", t, world), stage.name)
             owned += [f"train.micro_batch_size={t.microBatchSize}", f"train.gradient_accumulation={t.gradientAccumulation}",
                       f"train.global_batch_size={t.globalBatchSize or derived}"]
         wiring, sources = _wiring(stage, index, plans, action, where)
@@ -172,6 +175,23 @@ def plan_run(spec: SolarRunSpec, run_root: str, *, repo: str | os.PathLike[str] 
     t = spec.topology
     dp = t.world_size // t.sequenceParallelSize
     return RunPlan(tuple(plans), t.world_size, dp, t.globalBatchSize or dp * t.microBatchSize * t.gradientAccumulation)
+
+
+def _batch_mismatch(field: str, t, world: int) -> str:
+    """A declared ``globalBatchSize`` that the topology does not give: both numbers, the product, and the
+    accumulation or micro-batch that would give it, in the SolarRun's own fields."""
+    dp = world // t.sequenceParallelSize
+    derived = dp * t.microBatchSize * t.gradientAccumulation
+    want = t.globalBatchSize
+    fixes = [f"{field}.globalBatchSize: {derived}"]
+    if want % (dp * t.microBatchSize) == 0:
+        fixes.append(f"{field}.gradientAccumulation: {want // (dp * t.microBatchSize)}")
+    elif want % (dp * t.gradientAccumulation) == 0:
+        fixes.append(f"{field}.microBatchSize: {want // (dp * t.gradientAccumulation)}")
+    return (f"{field}.globalBatchSize={want} disagrees with the topology's {derived} (data-parallel ranks {dp} = "
+            f"world {world} / sequenceParallelSize {t.sequenceParallelSize}, x microBatchSize {t.microBatchSize} x "
+            f"gradientAccumulation {t.gradientAccumulation}); set {' or '.join(fixes)}, or leave globalBatchSize out "
+            "(it is derived)")
 
 
 def _memory_limit(spec: SolarRunSpec, stage, index: int) -> tuple[str, str] | None:

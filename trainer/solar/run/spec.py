@@ -335,8 +335,21 @@ class SolarRun(Doc):
 
 
 def first_error(exc, prefix: str = "") -> str:
-    """A pydantic ValidationError as one line: the dotted field and what is wrong with it."""
-    first = exc.errors()[0]
-    where = ".".join([p for p in [prefix] if p] + [str(part) for part in first["loc"]])
+    """A pydantic ValidationError as one line: the dotted field and what is wrong with it. An unknown
+    field comes first (a misspelt key is also reported missing under its right name), with the
+    missing field it is close to."""
+    import difflib
+
+    errors = exc.errors()
+    unknown = [e for e in errors if e["type"] == "extra_forbidden"]
+    first = unknown[0] if unknown else errors[0]
+    dotted = lambda loc: ".".join([p for p in [prefix] if p] + [str(part) for part in loc])  # noqa: E731
+    where = dotted(first["loc"])
+    if unknown:
+        parent, name = first["loc"][:-1], str(first["loc"][-1])
+        missing = [str(e["loc"][-1]) for e in errors if e["type"] == "missing" and e["loc"][:-1] == parent]
+        close = difflib.get_close_matches(name, missing, n=1)
+        hint = f" (did you mean {dotted((*parent, close[0]))}?)" if close else ""
+        return f"{where}: unknown field{hint}"
     message = first["msg"].removeprefix("Value error, ")
     return f"{where}: {message}" if where else message
