@@ -14,9 +14,12 @@ not express. ``PyTorchJobBackend`` carries them out through ``kube.Kube`` behind
 
 from __future__ import annotations
 
+import dataclasses
+
 import re
 from typing import Protocol
 
+from solar.run.failure import REFUSED_PREFIX
 from solar.run.machine import Action, JobState, parse_iso
 from solar.run.plan import StagePlan
 from solar.run.spec import SolarRunSpec
@@ -162,14 +165,34 @@ def owned_by(job: dict, run: dict) -> bool:
 
 # What every job kind's backend does the same way over its resource ``res`` (group, version, plural).
 def observe_owned(kube, res: tuple[str, str, str], run: dict, to_state) -> dict[str, JobState]:
-    """The run's own jobs of that kind by stage name."""
+    """The run's own jobs of that kind by stage name; a failed one also with what its pods' trainer
+    said when it refused its input (``refusal``)."""
     meta = run["metadata"]
     out = {}
     for job in kube.list_objects(res, meta["namespace"], f"{RUN_LABEL}={meta['name']}"):
         stage = (job["metadata"].get("labels") or {}).get(STAGE_LABEL)
         if stage and owned_by(job, run):
-            out[stage] = to_state(job)
+            state = to_state(job)
+            if state.phase == "Failed" and not state.deleting:
+                said = refusal(kube, meta, stage, state.attempt)
+                if said:
+                    state = dataclasses.replace(state, refused=True, message=f"{state.message}: {said}".lstrip(": "))
+            out[stage] = state
     return out
+
+
+def refusal(kube, meta: dict, stage: str, attempt: int | None) -> str | None:
+    """The trainer's refusal of its input (``solar.launch.session.note_refusal``: the text after ``solar:
+    refused:`` in a trainer container's termination message) among the attempt's pods, or None."""
+    selector = f"{RUN_LABEL}={meta['name']},{STAGE_LABEL}={stage}" + (
+        f",{ATTEMPT_LABEL}={attempt}" if attempt is not None else "")
+    for pod in kube.list_pods(meta["namespace"], selector):
+        for status in (pod.get("status") or {}).get("containerStatuses") or []:
+            for state in (status.get("state"), status.get("lastState")):
+                message = ((state or {}).get("terminated") or {}).get("message") or ""
+                if message.startswith(REFUSED_PREFIX):
+                    return message[len(REFUSED_PREFIX):].strip()
+    return None
 
 
 def create_owned(kube, res: tuple[str, str, str], run: dict, job: dict, problems: list[str]) -> str | bool:

@@ -120,6 +120,14 @@ class Kube:
                             *res[:2], namespace, res[2], label_selector=selector, missing={"items": []})
         return result.get("items", [])
 
+    def list_pods(self, namespace: str, selector: str) -> list[dict]:
+        """Pods by label selector, as plain documents (a failed stage job's: their termination messages)."""
+        import json
+
+        result = self._call(f"list pods in {namespace}", self.core.list_namespaced_pod, namespace,
+                            label_selector=selector, _preload_content=False, missing=None)
+        return json.loads(result.data).get("items", []) if result is not None else []
+
     def get_object(self, res: tuple[str, str, str], namespace: str, name: str) -> dict | None:
         return self._call(f"get {res[2][:-1]} {namespace}/{name}", self.custom.get_namespaced_custom_object,
                           *res[:2], namespace, res[2], name)

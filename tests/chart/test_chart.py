@@ -137,7 +137,7 @@ def test_namespace_scoped_mode_watches_only_its_namespaces(tmp_path):
 
 # What the operator does through the API: kopf (watch SolarRuns and PyTorchJobs, its finalizer and
 # annotations by patch, discovery of CRDs and namespaces) and solar_operator.kube (get runs, patch
-# status, get/list/create/delete jobs, create events).
+# status, get/list/create/delete jobs, create events, list a failed job's pods for the trainer's refusal).
 PYTORCHJOB_RULES = {("kubeflow.org", "pytorchjobs", v) for v in ("get", "list", "watch", "create", "delete")}
 # TrainJobs are patched too (SolarRun suspend sets spec.suspend); their runtime is read before any job
 TRAINJOB_RULES = {("trainer.kubeflow.org", "trainjobs", v) for v in ("get", "list", "watch", "create", "delete",
@@ -146,7 +146,7 @@ RUNTIME_RULES = {("trainer.kubeflow.org", "clustertrainingruntimes", "get")}
 RUN_RULES = {("solarwm.io", "solarruns", v) for v in ("get", "list", "watch", "patch")} \
     | {("solarwm.io", "solarruns/status", v) for v in ("get", "patch")} \
     | PYTORCHJOB_RULES | TRAINJOB_RULES \
-    | {("", "events", "create"), ("events.k8s.io", "events", "create")}
+    | {("", "events", "create"), ("events.k8s.io", "events", "create"), ("", "pods", "list")}
 DISCOVERY_RULES = {("apiextensions.k8s.io", "customresourcedefinitions", v) for v in ("list", "watch")} \
     | {("", "namespaces", v) for v in ("list", "watch")} | RUNTIME_RULES
 

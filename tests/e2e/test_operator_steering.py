@@ -102,3 +102,68 @@ def test_a_failed_run_continues_once_its_spec_changes(wan_data, tmp_path):
         assert fm["checkpoint"]["step"] == 4 and fm["failures"] == 0
         assert [a.get("resumedFrom") for a in fm["attempts"]] == [None, 2]
         assert "SpecChanged" in world.event_reasons("again")
+
+
+def _kubelet(world, job: dict, log_dir) -> int:
+    """kubelet + training operator for a single-node PyTorchJob whose trainer may refuse its input: the
+    container's command runs here with a termination-message file (as the kubelet mounts one); a failed
+    run leaves its pod, terminated with that message, and the job Failed."""
+    import subprocess
+    import sys
+
+    from tests.conftest import REPO
+    from tests.e2e.helpers import env
+
+    name = job["metadata"]["name"]
+    template = job["spec"]["pytorchReplicaSpecs"]["Master"]["template"]
+    log = log_dir / f"{name}-termination-log"
+    log.write_text("")
+    world.set_job(name, "Running")
+    proc = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--standalone",
+                           *template["spec"]["containers"][0]["args"]], cwd=REPO,
+                          env=env({"SOLAR_TERMINATION_LOG": str(log)}), capture_output=True, text=True, timeout=400)
+    if proc.returncode:
+        pods = f"/api/v1/namespaces/{world.namespace}/pods"
+        world.cluster.create(pods, {"apiVersion": "v1", "kind": "Pod", "metadata": {
+            "name": f"{name}-master-0", "labels": template["metadata"]["labels"]},
+            "spec": {"containers": [{"name": "trainer", "image": "solar-trainer:dev"}]}})
+        world.cluster.patch(f"{pods}/{name}-master-0/status", {"status": {
+            "phase": "Failed", "containerStatuses": [{"name": "trainer", "state": {"terminated": {
+                "exitCode": proc.returncode, "reason": "Error", "message": log.read_text()}}}]}})
+    world.set_job(name, "Succeeded" if proc.returncode == 0 else "Failed", f"exit code {proc.returncode}")
+    world.ran.append((name, proc.returncode, proc.stderr[-3000:]))
+    return proc.returncode
+
+
+def test_a_trainer_that_refuses_its_input_is_not_retried_and_continues_once_fixed(wan_data, tmp_path):
+    storage = tmp_path / "runs"
+    # validation on: the trainer checks the test set at start and refuses the missing data before writing
+    doc = _one_stage(load_case("three-stage"), "refuse", storage, tmp_path / "missing-data", "train.max_steps=2")
+    doc["spec"]["stages"][0]["set"] = [s for s in doc["spec"]["stages"][0]["set"] if "validate_every" not in s] + [
+        "runtime.validate_every=2", "validation.decode_latents=1"]
+    doc["spec"]["runPolicy"]["backoffLimit"] = 2
+    with emulated_cluster(crds("PyTorchJob"), tmp_path) as cluster:
+        world = World(cluster, storage)
+        world.ran = []
+        with world.operator(backends=("PyTorchJob",)):
+            world.apply(doc)
+            assert _kubelet(world, world.wait_job("refuse-fm"), tmp_path) != 0
+            status = world.wait_phase("refuse", "Failed")
+            fm = _stage(status, "fm")
+            assert fm["reason"] == "InputRefused" and fm["attempt"] == 1, fm   # its backoffLimit unspent
+            assert "missing-data" in fm["message"] and "not retried" in fm["message"]
+            assert not (storage / "refuse" / "fm" / "launch-manifest.json").exists()   # refused before writing
+            time.sleep(1.0)
+            assert world.jobs()["refuse-fm"]["metadata"]["labels"]["solarwm.io/attempt"] == "1"
+
+            fixed = dict(doc["spec"]["stages"][0], set=[s.replace(str(tmp_path / "missing-data"), str(wan_data))
+                                                        for s in doc["spec"]["stages"][0]["set"]])
+            world.patch_spec("refuse", {"stages": [fixed]})
+            job = wait_for(lambda: (j := world.jobs().get("refuse-fm")) and
+                           j["metadata"]["labels"].get("solarwm.io/attempt") == "2" and j, timeout=30,
+                           message="attempt 2 after the spec change")
+            assert _kubelet(world, job, tmp_path) == 0, world.ran[-1]
+            status = wait_for(lambda: (s := world.status("refuse")).get("phase") == "Succeeded" and s,
+                              timeout=120, interval=0.2, message="the run to succeed")
+        assert _stage(status, "fm")["checkpoint"]["step"] == 2
+        assert {"InputRefused", "SpecChanged"} <= set(world.event_reasons("refuse"))

@@ -31,6 +31,7 @@ from pathlib import Path
 from solar.errors import SolarError
 from solar.launch.distributed import Dist
 from solar.launch.errors import error_type
+from solar.run.failure import REFUSED_PREFIX
 from solar.storage import run_dir
 
 
@@ -49,6 +50,25 @@ def init_record(cfg) -> dict:
     if cfg.model.training_mode == "lora" and cfg.model.pretrained_path and ck.mode != "none":
         sources.append({"role": "base", "path": cfg.model.pretrained_path, "weights": "released"})
     return {"mode": ck.mode, "sources": sources}
+
+
+# Where Kubernetes reads a container's termination message (the kubelet creates the file; the pod's
+# status then carries its text): a refusal is left there for the operator, which does not retry it.
+TERMINATION_LOG = "/dev/termination-log"
+
+
+def note_refusal(message: str, environ=os.environ) -> None:
+    """Leave a refusal (rank-local rank 0 only, one per pod) in the container's termination message when
+    the file exists (``SOLAR_TERMINATION_LOG`` names another path, as a test's kubelet does); nothing
+    on a workstation, where there is no such file."""
+    path = environ.get("SOLAR_TERMINATION_LOG", TERMINATION_LOG)
+    if environ.get("LOCAL_RANK", "0") != "0" or not os.path.isfile(path):
+        return
+    try:
+        with open(path, "w", encoding="utf-8") as handle:
+            handle.write((REFUSED_PREFIX + " ".join(message.split()))[:4000])   # the kubelet keeps 4096 bytes
+    except OSError:
+        pass
 
 
 def _message(exc: BaseException) -> str:
@@ -84,6 +104,7 @@ class Session:
         verdict, self.started = shared[0][0], min(started for _, started in shared)  # the first rank's start
         if verdict:
             d.close()
+            note_refusal(verdict)
             raise SolarError(verdict)
 
     def open(self) -> None:

@@ -26,6 +26,10 @@ NOT_RETRIED = ("storage_full", "storage_error")
 # input, so the stage fails at once (InputRefused) and a spec change continues it. A launch that ran and then
 # failed with it (OOM, non-finite loss, a collective) is retried as any failure.
 INPUT_ERROR_EXIT = 2
+# Under the operator the exit code is torchrun's (1 for any failed rank), so the trainer also leaves a
+# refusal in its container's termination message with this prefix (solar.launch.session.note_refusal),
+# which the operator reads from the failed attempt's pods.
+REFUSED_PREFIX = "solar: refused: "
 
 
 def on_job_failed(*, failures: int, backoff_limit: int, job_message: str = "",
