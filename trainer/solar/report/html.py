@@ -264,6 +264,9 @@ def _curve(s: dict, sx, sy) -> list[str]:
         if len(pts) <= 60:
             out += [f'<circle cx="{sx(x):.1f}" cy="{sy(y):.1f}" r="2.5" fill="{color}"/>' for x, y in pts]
         return out
+    if len(pts) < 2:   # no line to draw yet (Stage2's student after its first update): a solid point
+        return [f'<circle class="series {cls}" cx="{sx(x):.1f}" cy="{sy(y):.1f}" r="3.5" fill="{color}"/>'
+                for x, y in pts]
     smooth = " ".join(f"{sx(x):.1f},{sy(y):.1f}" for (x, _), y in zip(pts, ema([y for _, y in pts], s["weight"])))
     out = [f'<polyline class="raw {cls}" points="{raw}" fill="none" stroke="{color}" stroke-opacity="0.3" '
            f'stroke-width="1"/>']
