@@ -86,6 +86,7 @@ class Session:
         self.error: BaseException | None = None
         self.started: float | None = None
         self.review = None   # rank 0: a resume's solar.config.changes.Review, returned by the checks
+        self.lock: run_dir.WriterLock | None = None   # rank 0: the run directory's writer lock
 
     def check(self, checks: Callable[[], object]) -> None:
         """Run ``checks`` on rank 0 before anything is written; a refusal ends every rank with the
@@ -98,11 +99,14 @@ class Session:
         if d.rank == 0:
             try:
                 self.review = checks()
+                self.lock = run_dir.hold(self.out)   # one writer per run directory, once every check passed
             except SolarError as exc:
                 verdict = str(exc)
         shared = d.all_gather_object((verdict, STARTED), "prepare")
         verdict, self.started = shared[0][0], min(started for _, started in shared)  # the first rank's start
         if verdict:
+            if self.lock is not None:
+                self.lock.release()
             d.close()
             note_refusal(verdict)
             raise SolarError(verdict)
@@ -112,6 +116,8 @@ class Session:
         d, out = self.dist, self.out
         recorded = self.review.recorded if self.review is not None else []
         if d.rank == 0:
+            if self.lock is not None:
+                self.lock.record()
             run_dir.write_launch(out, self.resolved, init_record(self.resolved.config), recorded)
             run_dir.write_environment(out)
             for line in self.review.lines() if self.review is not None else []:
@@ -152,6 +158,8 @@ class Session:
                     run_dir.write_result(out, status, final=final, checkpoints=checkpoints, validations=validations,
                                          usage=self._usage(status))
         finally:
+            if self.lock is not None:
+                self.lock.release()
             if self.events is not None:
                 self.events.close()
             if self.rank_log is not None:

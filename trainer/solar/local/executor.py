@@ -26,6 +26,7 @@ from pathlib import Path
 from solar.config.canonical import pretty_bytes
 from solar.diagnose import failure_summary
 from solar.errors import SolarError
+from solar.launch.orphan import parent_death_signal
 from solar.run.failure import INPUT_ERROR_EXIT
 from solar.run.machine import JobState, Observation, recipe_problem, reconcile
 from solar.run.observe import LazyStageFiles, observe_stage
@@ -59,7 +60,9 @@ class LocalJob:
         log.parent.mkdir(parents=True, exist_ok=True)
         self.log = open(log, "ab")
         self.proc = subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, start_new_session=True,
-                                     env={**os.environ, **(env or {}), "PYTHONUNBUFFERED": "1"})
+                                     env={**os.environ, **(env or {}), "PYTHONUNBUFFERED": "1"},
+                                     preexec_fn=parent_death_signal)   # never outlives this command
+
         self.tail: list[str] = []
         self.own_error: str | None = None
         self.pump = threading.Thread(target=self._pump, args=(echo,), daemon=True)

@@ -8,6 +8,7 @@ and the per-rank event logs and heartbeats.
     events/rank-NNNNN.jsonl     one JSON object per line (steps, checkpoints, validations, errors)
     heartbeat/rank-NNNNN.json   last phase, last collective entered, step, wall time, pid, host
     logs/rank-NNNNN.log         the rank's stdout/stderr and failure tracebacks, across launches
+    .writer.lock                the one writer's lock (rank 0 of the live launch; released when it dies)
 """
 
 from __future__ import annotations
@@ -95,7 +96,7 @@ def prepare(output_dir: Path, resolved, *, resuming: bool, completed_step: int |
     if output_dir.exists() and not output_dir.is_dir():
         raise SolarError(f"runtime.output_dir {output_dir} is a file")
     existing = output_dir / "launch-manifest.json"
-    if not output_dir.exists() or not any(output_dir.iterdir()):
+    if not output_dir.exists() or not any(p.name != LOCK_FILE for p in output_dir.iterdir()):  # a lock alone: unused
         if resuming:
             raise SolarError(f"checkpoint.mode=full_resume but {output_dir} holds no run to resume")
         return None
@@ -137,6 +138,60 @@ def write_launch(output_dir: Path, resolved, init: dict, changes: list[dict] | N
     index = max((int(p.name[:4]) for p in launches.glob("[0-9][0-9][0-9][0-9]-*.json")), default=0) + 1
     write_create_only(launches / f"{index:04d}-launch-manifest.json", manifest, what="launch record")
     write_create_only(launches / f"{index:04d}-resolved-config.json", config, what="launch record")
+
+
+LOCK_FILE = ".writer.lock"
+
+
+class WriterLock:
+    """The run directory's one writer (issue 45 item 7): an exclusive ``flock`` on ``<dir>/.writer.lock``
+    (of its open file, so no other descriptor of the file in the holder drops it; over NFS Linux
+    takes it as a POSIX lock on the server), held by rank 0 of the launch for as long as it runs. The
+    kernel releases it when its holder dies, so a crash never leaves a stale lock; the file itself
+    stays (its text names the latest holder: host, pid, since)."""
+
+    def __init__(self, fd: int, path: Path) -> None:
+        self.fd, self.path = fd, path
+
+    def record(self) -> None:
+        """Name this process as the holder (rank 0, once the launch goes ahead)."""
+        text = json.dumps({"host": socket.gethostname(), "pid": os.getpid(),
+                           "since": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())}).encode()
+        os.ftruncate(self.fd, 0)
+        os.pwrite(self.fd, text, 0)
+
+    def release(self) -> None:
+        if self.fd >= 0:
+            os.close(self.fd)
+            self.fd = -1
+
+
+def hold(output_dir: Path) -> WriterLock:
+    """Take ``output_dir``'s writer lock, or a SolarError naming the live launch that holds it. Asked
+    after every other check of the launch passed (it creates the directory and the lock file)."""
+    import fcntl
+
+    output_dir.mkdir(parents=True, exist_ok=True)
+    path = output_dir / LOCK_FILE
+    fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o644)
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except OSError:
+        os.close(fd)
+        raise SolarError(f"runtime.output_dir {output_dir} is being written by a live launch ({_holder(path)}); "
+                         "a second writer would interleave its steps and checkpoints: wait for it to end, or stop "
+                         "it (SIGTERM saves a checkpoint) and resume") from None
+    return WriterLock(fd, path)
+
+
+def _holder(path: Path) -> str:
+    try:
+        who = json.loads(path.read_text() or "{}")
+    except (OSError, ValueError):
+        who = {}
+    if not who.get("pid"):
+        return "its holder not yet recorded"
+    return f"host {who.get('host')}, pid {who.get('pid')}, since {who.get('since')}"
 
 
 def write_environment(output_dir: Path) -> None:
