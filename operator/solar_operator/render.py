@@ -76,6 +76,8 @@ def text(doc: dict, plan: RunPlan, backend: str, built: list[dict], reshapes: di
                      f"{job['metadata']['name']}" + (f"; init {sources}" if sources else ""))
         if p.name in (reshapes or {}):
             lines.append(f"#     {reshapes[p.name].summary()}")
+        if p.elastic_line:
+            lines.append(f"#     {p.elastic_line}")
     docs = "".join("---\n" + yaml.safe_dump(job, sort_keys=False, width=120) for job in built)
     return "\n".join(lines) + "\n" + docs
 

@@ -176,3 +176,14 @@ def test_solar_run_dry_run_shows_a_resume_at_another_nproc_and_refuses_a_new_glo
     assert "global batch from 2 to 8" in proc.stderr and "(TopologyMismatch)" in proc.stderr
     assert "{gradientAccumulation: 1, microBatchSize: 1}" not in proc.stderr   # data parallel 4 cannot give 2
     assert sorted(tmp_path.rglob("*")) == before   # nothing written
+
+
+def test_render_lists_an_elastic_stages_node_counts_and_refuses_bounds_that_keep_no_batch(tmp_path):
+    manifest = _manifest(tmp_path, topology={"nodes": 4, "gpusPerNode": 2, "elastic": {"minNodes": 1}})
+    proc = _operator(str(manifest))
+    assert proc.returncode == 0, proc.stderr
+    assert ("#     elastic: 4 nodes x accumulation 1, 2 nodes x accumulation 2, 1 node x accumulation 4 (bounds "
+            "minNodes 1 .. nodes 4;") in proc.stdout
+    manifest = _manifest(tmp_path, topology={"nodes": 3, "gpusPerNode": 1, "elastic": {"minNodes": 2}})
+    proc = _operator(str(manifest))
+    assert proc.returncode == 2 and "node counts that would: 1 (set minNodes to 1 or fewer)" in proc.stderr

@@ -58,7 +58,7 @@ def test_the_tiny_manifest_plans_four_wired_stages():
 @pytest.mark.parametrize("edit, reason, fragment", [
     (lambda s: s["stages"][0]["set"].append("train.stage=stage1"), "UnsupportedRoute", "spec.stages[0] (fm)"),
     (lambda s: s["stages"][1].update(set=[]), "UnresolvedPlaceholder", "data.root"),
-    (lambda s: s["topology"].update(globalBatchSize=3), "TopologyMismatch", "global_batch_size"),
+    (lambda s: s["topology"].update(globalBatchSize=3), "TopologyMismatch", "spec.topology.globalBatchSize=3 disagrees"),
     (lambda s: s["stages"][1]["init"]["model"].update(stage="nope"), "InvalidInit", "'nope' is not an earlier stage"),
     (lambda s: s["stages"][1]["init"]["model"].update(stage="dmd"), "InvalidInit", "'dmd' is not an earlier stage"),
     (lambda s: s["stages"][2].update(init={"model": {"stage": "anyflow", "weights": "ema"}}), "InvalidInit",

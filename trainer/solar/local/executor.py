@@ -235,6 +235,9 @@ def dry_run(path: str, *, workdir: str = "solar-runs", nproc: int | None = None,
         if reshaped is not None:
             lines.append(f"#     {reshaped.summary()}")
             doc["reshape"] = reshaped.as_dict()
+        if p.elastic_line:
+            lines.append(f"#     {p.elastic_line}")
+            doc["elastic"] = [{"nodes": e.nodes, "gradientAccumulation": e.accumulation} for e in p.elastic]
         done = previous is not None and previous.stage(p.name) is not None and \
             previous.stage(p.name).phase == "Succeeded"
         problem = None if done or not start.resume_from else recipe_problem(p, files)

@@ -69,6 +69,9 @@ class StagePlan:
     topology_field: str = "spec.topology"   # where the stage's topology is set (the stage's own, else the run's)
     # training: the resolved config (canonical JSON), what a resume of the stage is compared with
     resolved: dict | None = field(default=None, compare=False, hash=False, repr=False)
+    # training with topology.elastic: every allowed (nodes, accumulation), the declared shape first
+    elastic: tuple = ()
+    elastic_line: str | None = None     # what the dry runs print about it
 
     @property
     def world_size(self) -> int:
@@ -145,8 +148,12 @@ def plan_run(spec: SolarRunSpec, run_root: str, *, repo: str | os.PathLike[str] 
             if t.globalBatchSize and t.globalBatchSize != derived:
                 raise RunInvalid("TopologyMismatch", _batch_mismatch(
                     f"spec.stages[{index}].topology" if stage.topology else "spec.topology", t, world), stage.name)
+            allowed, elastic_line = _elastic(t, derived, f"spec.stages[{index}].topology" if stage.topology else
+                                             "spec.topology", stage.name)
             owned += [f"train.micro_batch_size={t.microBatchSize}", f"train.gradient_accumulation={t.gradientAccumulation}",
                       f"train.global_batch_size={t.globalBatchSize or derived}"]
+        else:
+            allowed, elastic_line = (), None
         wiring, sources = _wiring(stage, index, plans, action, where)
         sets = tuple(stage.set) + tuple(owned) + tuple(wiring)
         try:
@@ -171,10 +178,25 @@ def plan_run(spec: SolarRunSpec, run_root: str, *, repo: str | os.PathLike[str] 
                                topology_field=f"spec.stages[{index}].topology" if stage.topology else
                                "spec.topology",
                                resolved=json.loads(canonical_bytes(resolved.config_dict)) if cfg.action == "train"
-                               else None))
+                               else None, elastic=allowed, elastic_line=elastic_line))
     t = spec.topology
     dp = t.world_size // t.sequenceParallelSize
     return RunPlan(tuple(plans), t.world_size, dp, t.globalBatchSize or dp * t.microBatchSize * t.gradientAccumulation)
+
+
+def _elastic(t, global_batch: int, field: str, stage: str) -> tuple[tuple, str | None]:
+    """A training stage's allowed elastic shapes and the dry runs' line about them; RunInvalid
+    (TopologyMismatch) when the bounds are wrong or no smaller count keeps the global batch."""
+    from solar.run import elastic
+
+    if t.elastic is None:
+        return (), None
+    found = elastic.problem(field, t, global_batch)
+    if found:
+        raise RunInvalid("TopologyMismatch", found, stage)
+    allowed = tuple(elastic.shapes(nodes=t.nodes, gpus_per_node=t.gpusPerNode, sp=t.sequenceParallelSize,
+                                   micro=t.microBatchSize, global_batch=global_batch, lowest=t.elastic.minNodes))
+    return allowed, elastic.summary(allowed, t)
 
 
 def _batch_mismatch(field: str, t, world: int) -> str:

@@ -39,6 +39,17 @@ class Doc(BaseModel):
     model_config = ConfigDict(extra="forbid", populate_by_name=True)
 
 
+class Elastic(Doc):
+    """A training stage that may continue on fewer nodes (and grow back) with the same global batch."""
+    minNodes: PosInt = Field(description="The fewest nodes a training stage may continue on; every count from "
+                                         "minNodes to nodes that keeps the global batch is allowed.")
+    shrinkAfterSeconds: Annotated[int, Field(ge=0)] = Field(
+        300, description="How long replacement pods may stay unschedulable before the stage shrinks.")
+    growBack: bool = Field(True, description="Resume at a larger allowed shape when the cluster can hold it.")
+    minSecondsBetweenChanges: Annotated[int, Field(ge=0)] = Field(
+        600, description="The least time between two changes of shape (a flapping node does not thrash the run).")
+
+
 class Topology(Doc):
     nodes: PosInt = Field(description="Nodes (PyTorchJob Master + Workers).")
     gpusPerNode: PosInt = Field(description="Processes per node (torchrun --nproc-per-node).")
@@ -50,6 +61,10 @@ class Topology(Doc):
         None, description="Memory of one GPU, a Kubernetes quantity (e.g. 80Gi, 141Gi). A training stage whose "
                           "forecast (solar config memory) does not fit is refused before any job; without it the "
                           "forecast is only reported in the stage's status.")
+    elastic: Elastic | None = Field(None, description="Training stages may continue on fewer nodes, down to "
+                                                      "minNodes, keeping the global batch with more accumulation "
+                                                      "(validated and listed by the dry runs; the operator does not "
+                                                      "shrink or grow a stage yet).")
 
     @property
     def world_size(self) -> int:

@@ -1,0 +1,66 @@
+"""Elastic training stages (issue 45 item 1): the node counts a stage may continue on.
+
+``spec.topology.elastic: {minNodes: N}`` lets a training stage continue on fewer nodes than
+``nodes`` (and grow back) with the same global batch: at ``n`` nodes the data-parallel ranks are
+``n x gpusPerNode / sequenceParallelSize`` and the accumulation takes up the rest, keeping the
+micro-batch. A count is allowed when its world divides into SP groups and its data-parallel ranks x
+micro-batch divide the global batch. Shard groups stay within a node (``hybrid_shard``) or span the
+world (``full_shard``), so neither narrows the list. Pure: the planner validates with it and the dry
+runs print it.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+
+@dataclass(frozen=True)
+class Shape:
+    nodes: int
+    accumulation: int
+
+
+def shapes(*, nodes: int, gpus_per_node: int, sp: int, micro: int, global_batch: int, lowest: int = 1) -> list[Shape]:
+    """Every node count from ``nodes`` down to ``lowest`` that keeps ``global_batch``, with its accumulation."""
+    out = []
+    for n in range(nodes, lowest - 1, -1):
+        world = n * gpus_per_node
+        if world % sp:
+            continue
+        per_step = world // sp * micro
+        if global_batch % per_step == 0:
+            out.append(Shape(n, global_batch // per_step))
+    return out
+
+
+def problem(field: str, t, global_batch: int) -> str | None:
+    """Why ``t.elastic`` cannot be used (the bounds, or no smaller count keeping the batch, with the counts
+    that would), or None."""
+    e = t.elastic
+    if e.minNodes > t.nodes:
+        return f"{field}.elastic.minNodes={e.minNodes} is more than {field}.nodes={t.nodes}; set minNodes to " \
+               f"{t.nodes} or fewer"
+    if e.minNodes == t.nodes:
+        return f"{field}.elastic.minNodes={e.minNodes} equals {field}.nodes: no smaller shape to continue on; set " \
+               "minNodes below nodes"
+    allowed = shapes(nodes=t.nodes, gpus_per_node=t.gpusPerNode, sp=t.sequenceParallelSize, micro=t.microBatchSize,
+                     global_batch=global_batch, lowest=e.minNodes)
+    if any(s.nodes < t.nodes for s in allowed):
+        return None
+    would = [s.nodes for s in shapes(nodes=t.nodes - 1, gpus_per_node=t.gpusPerNode, sp=t.sequenceParallelSize,
+                                     micro=t.microBatchSize, global_batch=global_batch)]
+    hint = (f"node counts that would: {', '.join(map(str, would))} (set minNodes to {would[0]} or fewer)" if would
+            else "no smaller node count does: choose a global batch that fewer nodes divide (more "
+                 "gradientAccumulation or a smaller microBatchSize)")
+    return (f"{field}.elastic: no node count from minNodes {e.minNodes} to {t.nodes - 1} keeps the global batch "
+            f"{global_batch} ({t.gpusPerNode} GPUs per node, sequenceParallelSize {t.sequenceParallelSize}, "
+            f"microBatchSize {t.microBatchSize}); {hint}")
+
+
+def summary(allowed: tuple[Shape, ...], t) -> str:
+    """The dry runs' line: every allowed count with its accumulation, and the bounds."""
+    counts = ", ".join(f"{s.nodes} node{'s' if s.nodes > 1 else ''} x accumulation {s.accumulation}" for s in allowed)
+    e = t.elastic
+    return (f"elastic: {counts} (bounds minNodes {e.minNodes} .. nodes {t.nodes}; shrink after "
+            f"{e.shrinkAfterSeconds} s unschedulable, grow back {'on' if e.growBack else 'off'}, at least "
+            f"{e.minSecondsBetweenChanges} s between changes)")
