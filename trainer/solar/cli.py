@@ -459,7 +459,7 @@ def run() -> NoReturn:
     """The ``solar`` program: :func:`main`, then exit with its code. Whatever the command left is garbage
     to the interpreter's exit only; freezing it first spares that exit a collection over torch's module
     graph, about half a second per process (every torchrun rank)."""
-    from solar.launch.orphan import die_with_parent
+    from solar.processes import die_with_parent
 
     die_with_parent()   # a rank never outlives its launcher
     code = main()

@@ -26,7 +26,7 @@ from pathlib import Path
 from solar.config.canonical import pretty_bytes
 from solar.diagnose import failure_summary
 from solar.errors import SolarError
-from solar.launch.orphan import parent_death_signal
+from solar.processes import parent_death_signal
 from solar.run.failure import INPUT_ERROR_EXIT
 from solar.run.machine import JobState, Observation, recipe_problem, reconcile
 from solar.run.observe import LazyStageFiles, observe_stage
