@@ -7,12 +7,13 @@ At ``--world N`` (N > 1) the run is N ranks under ``torchrun --standalone`` with
 ``distributed.sharding`` (full_shard: every rank writes its own shards of each save). The kill hits
 any one rank, chosen at random (its local rank is recorded), or in about one trial of four
 (``--agent-kills``) the torchrun agent itself; torchrun then tears the other ranks down, and what is
-still alive after ``--teardown-timeout`` seconds is killed. Ranks orphaned by a killed agent go on
-training (nothing tells them), so after a random 0..``--orphan-grace`` seconds they are SIGKILLed too,
-as a lost node would be: that second kill lands at another random moment.
+still alive after ``--teardown-timeout`` seconds is killed. Ranks die with a killed agent (the
+parent-death signal each rank asks for); one still alive ``--orphan-grace`` seconds later is a
+failure of the trial (and is killed). ``--kill-in-save`` aims each kill inside a save, while a
+partial checkpoint directory holds some of its files, so every trial tears a save.
 
     python bench/crash/crash_consistency.py [--trials 30] [--seed 0] [--workdir /tmp/solar-crash]
-        [--world 1] [--sharding none] [--async-checkpoint] [--decode-latents N]
+        [--world 1] [--sharding none] [--async-checkpoint] [--decode-latents N] [--kill-in-save]
 """
 
 from __future__ import annotations
@@ -137,9 +138,25 @@ def wait_launch_gone(mark: str, timeout: float) -> bool:
 
 
 # --- one trial --------------------------------------------------------------------------------
+def _in_save(checkpoints: Path, timeout: float) -> bool:
+    """Wait until a save is under way (a ``.step_N.<random>.partial`` directory holds a file); False when none
+    came within ``timeout`` seconds."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        for partial in checkpoints.glob(".step_*.partial"):
+            try:
+                if any(p.is_file() for p in partial.rglob("*")):
+                    return True
+            except OSError:   # committed (renamed) while looked at
+                continue
+        time.sleep(0.002)
+    return False
+
+
 def trial(index: int, work: Path, data: Path, rng: random.Random, background: bool = False, *, world: int = 1,
           sharding: str = "none", decode_latents: int | None = None, kill_window: float = 1.5,
-          agent_kills: float = 0.25, orphan_grace: float = 3.0, teardown_timeout: float = 90.0) -> dict:
+          agent_kills: float = 0.25, orphan_grace: float = 3.0, teardown_timeout: float = 90.0,
+          in_save: bool = False) -> dict:
     started = time.monotonic()
     out = work / f"run-{index:03d}"
     log = work / f"run-{index:03d}.log"
@@ -169,7 +186,11 @@ def trial(index: int, work: Path, data: Path, rng: random.Random, background: bo
     delay = rng.uniform(0.0, kill_window)  # somewhere in the middle of steps and saves
     agent = world > 1 and rng.random() < agent_kills
     target = None if agent else rng.choice(sorted(ranks)) if ranks else 0
-    time.sleep(delay)
+    if in_save:   # aimed inside a save: the kill lands while a partial holds some of the save's files
+        if not _in_save(out / "checkpoints", 60):
+            problems.append("no save was seen under way to kill it in")
+    else:
+        time.sleep(delay)
     before_kill = _last_event(events)
     victim = proc.pid if agent or world == 1 else ranks.get(target, proc.pid)
     try:
@@ -180,9 +201,12 @@ def trial(index: int, work: Path, data: Path, rng: random.Random, background: bo
     torn = time.monotonic()
     if agent:
         proc.wait()
-        # Nothing tells the orphaned ranks that their agent died; they go on until killed.
-        wait_gone(ranks.values(), rng.uniform(0.0, orphan_grace))
+        # Each rank dies with its agent (the parent-death signal: solar.processes); any still alive
+        # after orphan_grace seconds outlived it, a fault, and is killed as a lost node would be.
+        wait_gone(ranks.values(), orphan_grace)
         orphans = kill_launch(mark)
+        if orphans:
+            problems.append(f"{orphans} processes of the launch outlived their killed agent by {orphan_grace:g}s")
     else:
         try:
             proc.wait(timeout=teardown_timeout)
@@ -297,8 +321,11 @@ def main() -> None:
                         help="the kill comes 0..this many seconds after the first committed checkpoint")
     parser.add_argument("--agent-kills", type=float, default=0.25,
                         help="the share of trials at world > 1 that kill the torchrun agent instead of a rank")
-    parser.add_argument("--orphan-grace", type=float, default=3.0,
-                        help="ranks orphaned by a killed agent are killed 0..this many seconds later")
+    parser.add_argument("--orphan-grace", type=float, default=10.0,
+                        help="ranks must be gone this many seconds after their agent was killed")
+    parser.add_argument("--kill-in-save", action="store_true",
+                        help="aim each kill inside a save (while a partial checkpoint holds files) instead of at a "
+                             "random moment")
     args = parser.parse_args()
     if args.world > 1 and args.sharding == "none":
         print("note: --world > 1 with --sharding none saves whole files on rank 0", file=sys.stderr)
@@ -315,7 +342,7 @@ def main() -> None:
         trials.append(trial(i, work, work / "data", rng, args.async_checkpoint, world=args.world,
                             sharding=args.sharding, decode_latents=args.decode_latents,
                             kill_window=args.kill_window, agent_kills=args.agent_kills,
-                            orphan_grace=args.orphan_grace))
+                            orphan_grace=args.orphan_grace, in_save=args.kill_in_save))
         print(json.dumps(trials[-1]), file=sys.stderr, flush=True)
     failures = [t for t in trials if t["problems"]]
     killed: dict[str, int] = {}
@@ -324,6 +351,7 @@ def main() -> None:
     print(json.dumps({"benchmark": "checkpoint crash consistency (SIGKILL)", "date": time.strftime("%Y-%m-%d"),
                       "world": args.world, "sharding": args.sharding, "async_checkpoint": args.async_checkpoint,
                       "seed": args.seed, "code": code_version(), "decode_latents": args.decode_latents, "kill_window_s": args.kill_window,
+                      "kill_in_save": args.kill_in_save,
                       "trials": len(trials), "failures": len(failures),
                       "trials_with_partial_left": sum(1 for t in trials if t["partials"]),
                       "partials_with_complete_marker": sum(t["partials_with_complete_marker"] for t in trials),

@@ -14,6 +14,7 @@ import yaml
 
 from tests.conftest import REPO
 from tests.support.crd_schema import anchor, crd_validator_schema
+from tests.support.files import snapshot
 
 TINY = REPO / "examples" / "solarrun-tiny.yaml"
 
@@ -38,7 +39,7 @@ def _manifest(tmp_path, **spec):
 def test_solar_run_dry_run_prints_each_stage_launch_and_writes_nothing(tmp_path):
     manifest = _manifest(tmp_path, env=[{"name": "NCCL_DEBUG", "value": "WARN"}], backend="TrainJob",
                          imagePullSecrets=[{"name": "registry"}])
-    before = sorted(tmp_path.rglob("*"))
+    before = snapshot(tmp_path)
     proc = _run(sys.executable, "-m", "solar", "run", "--dry-run", str(manifest), "--workdir", str(tmp_path / "runs"))
     assert proc.returncode == 0, proc.stderr
     docs = [d for d in yaml.safe_load_all(proc.stdout) if d]
@@ -48,7 +49,7 @@ def test_solar_run_dry_run_prints_each_stage_launch_and_writes_nothing(tmp_path)
     assert fm["command"][1:5] == ["-m", "torch.distributed.run", "--standalone", "--nproc-per-node=1"]
     assert f"runtime.output_dir={tmp_path / 'runs' / 'tiny-wan' / 'fm'}" in fm["command"]
     assert fm["env"] == {"NCCL_DEBUG": "WARN"}
-    assert sorted(tmp_path.rglob("*")) == before  # not even the work directory
+    assert snapshot(tmp_path) == before  # not even the work directory, and no file rewritten
 
 
 def test_solar_run_dry_run_refuses_an_invalid_manifest_with_the_operators_reason(tmp_path):
@@ -159,7 +160,7 @@ def test_solar_run_dry_run_shows_a_resume_at_another_nproc_and_refuses_a_new_glo
     workdir = tmp_path / "runs"
     stage = _resumable(workdir, saved_with=WORLD_2)
     manifest = _manifest(tmp_path, topology={"nodes": 1, "gpusPerNode": 2, "gradientAccumulation": 2})
-    before = sorted(tmp_path.rglob("*"))
+    before = snapshot(tmp_path)
     proc = _run(sys.executable, "-m", "solar", "run", "--dry-run", str(manifest), "--workdir", str(workdir),
                 "--nproc", "1")
     assert proc.returncode == 0, proc.stderr
@@ -175,7 +176,7 @@ def test_solar_run_dry_run_shows_a_resume_at_another_nproc_and_refuses_a_new_glo
     assert proc.returncode == 2 and proc.stderr.count("\n") == 1, proc.stderr
     assert "global batch from 2 to 8" in proc.stderr and "(TopologyMismatch)" in proc.stderr
     assert "{gradientAccumulation: 1, microBatchSize: 1}" not in proc.stderr   # data parallel 4 cannot give 2
-    assert sorted(tmp_path.rglob("*")) == before   # nothing written
+    assert snapshot(tmp_path) == before   # nothing written, byte for byte
 
 
 def test_render_lists_an_elastic_stages_node_counts_and_refuses_bounds_that_keep_no_batch(tmp_path):

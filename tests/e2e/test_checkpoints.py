@@ -68,11 +68,14 @@ def test_crash_consistency_under_sigkill():
 
 
 def test_sharded_crash_consistency_under_sigkill():
-    """bench/crash at world 2, full_shard (every rank writes its own shards): seed 3 SIGKILLs rank 1, then
-    the torchrun agent (its orphaned ranks after it); every save left verifies, no partial is taken for a
-    checkpoint, and a world-2 full resume from the newest commits the next step (the recorded trials at
-    world 2-4, sync and async: bench/crash/results/2026-12-06-sharded-*.json)."""
+    """bench/crash at world 2, full_shard (every rank writes its own shards), each kill aimed inside a save
+    (--kill-in-save: a partial holds some of the save's files): seed 3 SIGKILLs rank 1, then the torchrun
+    agent (its ranks die with it); every save left verifies, the torn save is left as a partial and never
+    taken for a checkpoint, and a world-2 full resume from the newest commits the next step (the recorded
+    random-moment trials at world 2-4, sync and async: bench/crash/results/2026-12-06-sharded-*.json)."""
     report = _crash_bench("--trials", "2", "--seed", "3", "--world", "2", "--sharding", "full_shard",
-                          "--agent-kills", "0.5", "--workdir", str(REPO / ".cache/crash-test-sharded"), timeout=600)
+                          "--agent-kills", "0.5", "--kill-in-save", "--workdir", str(REPO / ".cache/crash-test-sharded"),
+                          timeout=600)
     assert [t["killed"] for t in report["details"]] == ["rank 1", "agent"], report["details"]
     assert all(t["layouts"] == ["sharded"] and t["resume_rc"] == 0 for t in report["details"]), report["details"]
+    assert report["trials_with_partial_left"] >= 1, report["details"]   # a save was torn, not only steps killed

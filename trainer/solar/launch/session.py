@@ -147,8 +147,12 @@ class Session:
                 run_dir.record_failure(error, error_type=kind, message=message, events=self.events,
                                        heartbeat=self.heartbeat, rank_log=self.rank_log)
                 if d.rank == 0 and (out / "launch-manifest.json").exists():
-                    run_dir.write_result(out, "failed", error_type=kind, message=message, final=final,
-                                         checkpoints=checkpoints, validations=validations, usage=self._usage("failed"))
+                    try:
+                        run_dir.write_result(out, "failed", error_type=kind, message=message, final=final,
+                                             checkpoints=checkpoints, validations=validations,
+                                             usage=self._usage("failed"))
+                    except OSError as exc:   # the volume that failed the launch may not take its result
+                        print(f"solar: warning: run-result.json not written ({exc.strerror or exc})", file=sys.stderr)
             else:
                 if self.heartbeat is not None:
                     self.heartbeat.update(phase=status)

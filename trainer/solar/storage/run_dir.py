@@ -264,7 +264,10 @@ class EventLog:
             os.fsync(self._handle.fileno())
 
     def close(self) -> None:
-        self._handle.close()
+        try:
+            self._handle.close()
+        except OSError:   # lines the full volume did not take
+            pass
 
 
 class Heartbeat:
@@ -278,9 +281,14 @@ class Heartbeat:
     def update(self, **changes) -> None:
         """Rewrite the heartbeat (several times per training step): atomic, not fsynced, since the
         step waits on it (two fsyncs per phase used to idle the GPU between phases, issue 18) and
-        a heartbeat only speaks for a machine that is up; a killed process leaves its last one."""
+        a heartbeat only speaks for a machine that is up; a killed process leaves its last one. On a
+        full or failing volume the heartbeat is skipped (the run's own writes meet the volume and say
+        so), never the step, the error exchange or the checkpoint it was reporting on."""
         self.state.update(changes, time=time.time())
-        write_replace(self.path, json.dumps(self.state, sort_keys=True).encode(), durable=False)
+        try:
+            write_replace(self.path, json.dumps(self.state, sort_keys=True).encode(), durable=False)
+        except OSError:
+            pass
 
     def collective(self, name: str, seq: int) -> None:
         self.update(collective={"name": name, "seq": seq})
@@ -295,8 +303,11 @@ def record_failure(error: BaseException, *, error_type: str, message: str, event
     if rank_log is not None:
         rank_log.exception(error)
     if events is not None:
-        events.write("error", durable=True, error_type=error_type, message=message,
-                     ranks=getattr(error, "ranks", None) or [], phase=phase)
+        try:
+            events.write("error", durable=True, error_type=error_type, message=message,
+                         ranks=getattr(error, "ranks", None) or [], phase=phase)
+        except OSError:   # the volume that failed the launch may not take its evidence either
+            pass
     if heartbeat is not None:
         heartbeat.update(failed_in=phase, phase="failed")
 
@@ -310,7 +321,7 @@ class _Tee:
     def write(self, text: str) -> int:
         try:
             self._log.write(text)
-        except ValueError:  # the log was closed (late output at interpreter exit)
+        except (ValueError, OSError):  # the log was closed (late output at exit), or its volume is full
             pass
         return self._stream.write(text)
 
@@ -338,8 +349,15 @@ class RankLog:
         self._handle.write(f"--- launch {stamp} rank {rank} pid {os.getpid()} host {socket.gethostname()}\n")
 
     def exception(self, exc: BaseException) -> None:
-        self._handle.write("".join(traceback.format_exception(exc)))
+        try:
+            self._handle.write("".join(traceback.format_exception(exc)))
+            self._handle.flush()
+        except OSError:   # a full volume: the console's one line still says what failed
+            pass
 
     def close(self) -> None:
         sys.stdout, sys.stderr = self._saved
-        self._handle.close()
+        try:
+            self._handle.close()
+        except OSError:   # lines the full volume did not take
+            pass

@@ -14,6 +14,11 @@ classifies:
   member (what a full or failing volume raises), leaving a partial directory as a real one would
 - ``enospc_commit``  rank 0's commit of the checkpoint at step N (manifest, COMPLETE.json) fails with ENOSPC
 - ``enospc_validation``  the rank's first validation slot write at step N fails with ENOSPC
+
+``SOLAR_FAKE_GPU_MEMORY=B0,B1,...`` (bytes per rank, also only with ``SOLAR_ALLOW_FAULTS=1``) makes
+``activation_checkpointing_skip_blocks: auto`` take its GPU branch on the CPU, each rank reporting
+that much device memory: the gather of every rank's memory and the choice by the smallest run as on
+GPUs (the model itself stays where it is).
 """
 
 from __future__ import annotations
@@ -59,3 +64,16 @@ def storage_error(fault: Fault, step: int, rank: int, where) -> OSError | None:
         if fault.fires(kind, step, rank):
             return OSError(code, os.strerror(code), str(where))
     return None
+
+
+def device_memory(rank: int, environ=os.environ) -> int | None:
+    """This rank's faked GPU memory (``SOLAR_FAKE_GPU_MEMORY``), or None."""
+    text = environ.get("SOLAR_FAKE_GPU_MEMORY")
+    if not text:
+        return None
+    if environ.get("SOLAR_ALLOW_FAULTS") != "1":
+        print(f"solar: warning: ignoring SOLAR_FAKE_GPU_MEMORY={text!r} (it needs SOLAR_ALLOW_FAULTS=1)",
+              file=sys.stderr)
+        return None
+    sizes = [int(v) for v in text.split(",")]
+    return sizes[rank % len(sizes)]

@@ -125,9 +125,12 @@ def _auto_kept_blocks(resolved, d):
     cfg = resolved.config
     if cfg.distributed.activation_checkpointing_skip_blocks != "auto":
         return resolved, None
+    from solar.train import faults
+
     blocks = effective_dims(cfg).num_layers
-    cuda = d.device.type == "cuda"
-    total = torch.cuda.get_device_properties(d.device).total_memory if cuda else 0
+    fake = faults.device_memory(d.rank)   # a drill: the GPU branch on the CPU with this rank's "GPU" size
+    cuda = d.device.type == "cuda" or fake is not None
+    total = fake if fake is not None else torch.cuda.get_device_properties(d.device).total_memory if cuda else 0
     gpu_memory = min(d.all_gather_object(total, "gpu-memory"))
     if cuda:
         skip, fc = memory.auto_kept_blocks(resolved, gpu_memory_bytes=gpu_memory, gpus_per_node=d.local_world)
