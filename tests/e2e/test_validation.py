@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import re
+
 import gzip
 import json
 import os
@@ -102,6 +104,7 @@ def test_infer_on_the_checkpoint_reproduces_validation_frames(weights, validated
                    f"checkpoint.path={validated}/checkpoints/step_00000004"])
     assert proc.returncode == 0, proc.stderr[-3000:]
     assert "infer complete: 2/2 slots ok" in proc.stderr
+    _slot_lines_add_up(proc.stderr, "model-unipc", slots=2)
     gen, val = out / "generation", validated / "validation" / "step_00000004"
     assert _complete(gen)["status"] == "complete" and _complete(gen)["step"] is None
     for slot in (0, 1):
@@ -294,3 +297,20 @@ def test_validation_leaves_training_untouched(validated, data, tmp_path):
                    "rng/rank-00000.json", "data/rank-00000.json"):
         a = (plain / "checkpoints" / "step_00000004" / member).read_bytes()
         assert a == (validated / "checkpoints" / "step_00000004" / member).read_bytes(), member
+
+
+SLOT_LINE = re.compile(r"solar: (\S+) slot (\d+)/(\d+) \((\S+)\) ([\d.]+)s \((.*)\)$")
+PHASES = ("read", "generate", "truth", "decode", "encode", "files")
+
+
+def _slot_lines_add_up(stderr: str, name: str, *, slots: int) -> None:
+    """The per-slot timing line: one per slot of the pass, every phase of the slot's path named once in
+    order, and the phases adding up to the slot's total (each rounded to 0.1 s)."""
+    found = [m for m in map(SLOT_LINE.search, stderr.splitlines()) if m and m.group(1) == name]
+    assert sorted(int(m.group(2)) for m in found) == list(range(1, slots + 1)), stderr[-2000:]
+    for m in found:
+        parts = m.group(6).split()
+        names, values = parts[0::2], [float(v) for v in parts[1::2]]
+        assert tuple(names) == PHASES, m.group(0)
+        assert all(v >= 0 for v in values) and abs(sum(values) - float(m.group(5))) <= 0.05 * len(values) + 0.05, \
+            m.group(0)

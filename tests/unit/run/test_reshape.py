@@ -236,8 +236,13 @@ def test_observe_reads_the_newest_checkpoints_position_and_ignores_a_bad_one(tmp
     from tests.integration.world import write_checkpoint
 
     write_checkpoint(tmp_path, 2, saved_with={"world_size": 2, "nproc_per_node": 2})
+    write_checkpoint(tmp_path, 3, saved_with={"world_size": 4, "nproc_per_node": 2, "sequence_parallel_size": 2,
+                                              "micro_batch_size": 2, "gradient_accumulation": 3})
     files = observe_stage(tmp_path, final_step=None, validation_step=None, generation=False)
-    assert files.latest == 2 and files.position.saved_with.world_size == 2 and files.position.global_batch_size == 2
+    p = files.position   # the newest checkpoint's, every field read from it (none a default, none step 2's)
+    assert files.latest == 3 and p.step == 3 and p.global_batch_size == 4 // 2 * 2 * 3
+    assert (p.saved_with.world_size, p.saved_with.nproc_per_node, p.saved_with.sequence_parallel_size,
+            p.saved_with.micro_batch_size, p.saved_with.gradient_accumulation) == (4, 2, 2, 2, 3)
     write_checkpoint(tmp_path, 4)   # from before the file existed
     assert observe_stage(tmp_path, final_step=None, validation_step=None, generation=False).position is None
     bad = write_checkpoint(tmp_path, 6, saved_with={"world_size": 2, "nproc_per_node": 2})
