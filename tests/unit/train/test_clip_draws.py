@@ -109,3 +109,35 @@ def test_a_clip_generator_is_its_position_not_its_micro_batch():
     assert torch.equal(y[0], torch.randn(5, generator=fm.clip_generator(1, 2, 6, "critic")))
     assert torch.equal(y[1:], alone.noise((1, 5), "cpu"))
     assert not torch.equal(fm.ClipDraws(1, 2, 6, 1, "student").noise((1, 5), "cpu"), y[:1])
+
+
+def test_a_non_diffusion_clip_is_rescaled_by_the_diffusion_clips_of_earlier_micro_batches():
+    """AnyFlow's rescale_non_diffusion on: the flow-map clip at position 1 is rescaled by the step's
+    diffusion losses seen so far, so in the second of two micro-batches (accumulation 2) it is rescaled by
+    the first micro-batch's diffusion clip, as in one micro-batch of 2: the gather the trainer binds
+    (solar.train.objective) keeps the step's earlier micro-batches. (Guidance off: no negative prompt file.)"""
+    from solar.config.resolve import resolve_file as resolve
+    from solar.launch.distributed import Dist
+    from solar.train.objective import objective_for
+
+    on = ["train.anyflow.rescale_non_diffusion=true", "train.anyflow.guidance_scale=1.0"]
+    together = _cfg("anyflow", 2, 1, *on)
+    torch.manual_seed(0)
+    model = model_from_config(together, device="cpu")
+    batch = _batch(model, 9, 2)
+    joint = read_records(anyflow_loss(model, together, batch, step=STEP, dp_rank=0, dp_world=1, micro=0,
+                                      gather=lambda rows: rows)[1])
+    assert [r["kind"] for r in joint] == ["diffusion", "flow_map"]
+    split = resolve(CONFIG["anyflow"], ["data.root=/data", "runtime.output_dir=/out", "checkpoint.path=null",
+                                        "checkpoint.weights=null", "train.micro_batch_size=1",
+                                        "train.gradient_accumulation=2", "train.global_batch_size=null",
+                                        "train.fm.image_condition_dropout=0.5", *on])
+    one = Dist(rank=0, world=1, local_rank=0, local_world=1, sp=1, device=torch.device("cpu"), backend=None)
+    run, term = objective_for(split, one, None)
+    assert term == "anyflow"
+    records = [r for micro in range(2) for r in read_records(run(model, _part(batch, micro), STEP, micro)[1])]
+    assert records[1]["loss"] == pytest.approx(joint[1]["loss"], rel=1e-5)
+    # without the first micro-batch's diffusion clip to rescale by, the flow-map clip's loss is another
+    alone = read_records(anyflow_loss(model, split.config, _part(batch, 1), step=STEP, dp_rank=0, dp_world=1,
+                                      micro=1, gather=lambda rows: rows)[1])
+    assert alone[0]["loss"] != pytest.approx(joint[1]["loss"], rel=1e-3)
