@@ -7,6 +7,7 @@ running each job's command on this machine (as test_operator_topology_change.py 
 from __future__ import annotations
 
 import time
+from contextlib import contextmanager
 
 import pytest
 
@@ -28,42 +29,49 @@ def _one_stage(doc, name, storage, data, *extra):
     return doc
 
 
-def test_a_suspended_stage_edited_to_train_longer_continues_and_a_recipe_edit_waits(wan_data, tmp_path):
-    storage = tmp_path / "runs"
-    doc = _one_stage(load_case("three-stage"), "steer", storage, wan_data)
-    stage = doc["spec"]["stages"][0]
+@contextmanager
+def _operating(doc, storage, tmp_path):
+    """The emulated cluster with the operator running and ``doc`` applied: the World to play the jobs in."""
     with emulated_cluster(crds("PyTorchJob"), tmp_path) as cluster:
         world = World(cluster, storage)
         world.ran = []
         with world.operator(backends=("PyTorchJob",)):
             world.apply(doc)
-            first = _run_job(world, world.wait_job("steer-fm"), ("runtime.exit_after_step=2",), verdict=False)
-            assert first.returncode == 0, first.stderr[-3000:]
-            world.patch_spec("steer", {"runPolicy": {"suspend": True}})
-            world.wait_phase("steer", "Suspended")
-            wait_for(lambda: "steer-fm" not in world.jobs(), message="the suspended job to be deleted")
+            yield world
 
-            # another learning rate: the trainer's refusal, before any job, until the spec is fixed
-            edited = dict(stage, set=stage["set"] + ["train.optimizer.lr=0.5"])
-            world.patch_spec("steer", {"stages": [edited], "runPolicy": {"suspend": False}})
-            status = world.wait_status("steer", lambda s: _stage(s, "fm").get("reason") == "RecipeChanged",
-                                       "the recipe change held")
-            message = _stage(status, "fm")["message"]
-            assert "train.optimizer.lr 0.001 -> 0.5" in message and "checkpoint.accept_changes" in message
-            validated = next(c for c in status["conditions"] if c["type"] == "Validated")
-            assert (validated["status"], validated["reason"]) == ("False", "RecipeChanged")
-            time.sleep(1.0)
-            assert "steer-fm" not in world.jobs()
 
-            # train longer instead: attempt 2 resumes step 2 and trains to step 6
-            longer = dict(stage, set=stage["set"] + ["train.max_steps=6"])
-            world.patch_spec("steer", {"stages": [longer]})
-            job = world.wait_job("steer-fm")
-            second = _run_job(world, job)
-            assert second.returncode == 0, second.stderr[-3000:]
-            assert "schedule change: train.max_steps 4 -> 6 (from step 3)" in second.stderr
-            status = wait_for(lambda: (s := world.status("steer")).get("phase") in ("Succeeded", "Failed") and s,
-                              timeout=120, interval=0.2, message="the run to finish")
+def test_a_suspended_stage_edited_to_train_longer_continues_and_a_recipe_edit_waits(wan_data, tmp_path):
+    storage = tmp_path / "runs"
+    doc = _one_stage(load_case("three-stage"), "steer", storage, wan_data)
+    stage = doc["spec"]["stages"][0]
+    with _operating(doc, storage, tmp_path) as world:
+        first = _run_job(world, world.wait_job("steer-fm"), ("runtime.exit_after_step=2",), verdict=False)
+        assert first.returncode == 0, first.stderr[-3000:]
+        world.patch_spec("steer", {"runPolicy": {"suspend": True}})
+        world.wait_phase("steer", "Suspended")
+        wait_for(lambda: "steer-fm" not in world.jobs(), message="the suspended job to be deleted")
+
+        # another learning rate: the trainer's refusal, before any job, until the spec is fixed
+        edited = dict(stage, set=stage["set"] + ["train.optimizer.lr=0.5"])
+        world.patch_spec("steer", {"stages": [edited], "runPolicy": {"suspend": False}})
+        status = world.wait_status("steer", lambda s: _stage(s, "fm").get("reason") == "RecipeChanged",
+                                   "the recipe change held")
+        message = _stage(status, "fm")["message"]
+        assert "train.optimizer.lr 0.001 -> 0.5" in message and "checkpoint.accept_changes" in message
+        validated = next(c for c in status["conditions"] if c["type"] == "Validated")
+        assert (validated["status"], validated["reason"]) == ("False", "RecipeChanged")
+        time.sleep(1.0)
+        assert "steer-fm" not in world.jobs()
+
+        # train longer instead: attempt 2 resumes step 2 and trains to step 6
+        longer = dict(stage, set=stage["set"] + ["train.max_steps=6"])
+        world.patch_spec("steer", {"stages": [longer]})
+        job = world.wait_job("steer-fm")
+        second = _run_job(world, job)
+        assert second.returncode == 0, second.stderr[-3000:]
+        assert "schedule change: train.max_steps 4 -> 6 (from step 3)" in second.stderr
+        status = wait_for(lambda: (s := world.status("steer")).get("phase") in ("Succeeded", "Failed") and s,
+                          timeout=120, interval=0.2, message="the run to finish")
         assert status["phase"] == "Succeeded", status
         fm = _stage(status, "fm")
         assert fm["checkpoint"]["step"] == 6 and [a.get("resumedFrom") for a in fm["attempts"]] == [None, 2]
@@ -75,29 +83,25 @@ def test_a_failed_run_continues_once_its_spec_changes(wan_data, tmp_path):
     storage = tmp_path / "runs"
     doc = _one_stage(load_case("three-stage"), "again", storage, wan_data, "train.max_steps=3")
     doc["spec"]["runPolicy"]["backoffLimit"] = 0
-    with emulated_cluster(crds("PyTorchJob"), tmp_path) as cluster:
-        world = World(cluster, storage)
-        world.ran = []
-        with world.operator(backends=("PyTorchJob",)):
-            world.apply(doc)
-            # its pod is lost after the step-2 checkpoint: with backoffLimit 0 the run fails
-            first = _run_job(world, world.wait_job("again-fm"), ("runtime.exit_after_step=2",), verdict=False)
-            assert first.returncode == 0, first.stderr[-3000:]
-            world.set_job("again-fm", "Failed", "exit code 137")
-            status = world.wait_phase("again", "Failed")
-            assert _stage(status, "fm")["reason"] == "BackoffLimitExceeded"
-            time.sleep(1.0)
-            assert world.jobs()["again-fm"]["metadata"]["labels"]["solarwm.io/attempt"] == "1"   # kept, not retried
+    with _operating(doc, storage, tmp_path) as world:
+        # its pod is lost after the step-2 checkpoint: with backoffLimit 0 the run fails
+        first = _run_job(world, world.wait_job("again-fm"), ("runtime.exit_after_step=2",), verdict=False)
+        assert first.returncode == 0, first.stderr[-3000:]
+        world.set_job("again-fm", "Failed", "exit code 137")
+        status = world.wait_phase("again", "Failed")
+        assert _stage(status, "fm")["reason"] == "BackoffLimitExceeded"
+        time.sleep(1.0)
+        assert world.jobs()["again-fm"]["metadata"]["labels"]["solarwm.io/attempt"] == "1"   # kept, not retried
 
-            # the spec changes (a longer schedule): the run continues from step 2, its failures counted anew
-            longer = dict(doc["spec"]["stages"][0], set=doc["spec"]["stages"][0]["set"] + ["train.max_steps=4"])
-            world.patch_spec("again", {"stages": [longer]})
-            job = wait_for(lambda: (j := world.jobs().get("again-fm")) and
-                           j["metadata"]["labels"].get("solarwm.io/attempt") == "2" and j, timeout=30,
-                           message="attempt 2 after the spec change")
-            assert _run_job(world, job).returncode == 0
-            status = wait_for(lambda: (s := world.status("again")).get("phase") == "Succeeded" and s,
-                              timeout=120, interval=0.2, message="the run to succeed")
+        # the spec changes (a longer schedule): the run continues from step 2, its failures counted anew
+        longer = dict(doc["spec"]["stages"][0], set=doc["spec"]["stages"][0]["set"] + ["train.max_steps=4"])
+        world.patch_spec("again", {"stages": [longer]})
+        job = wait_for(lambda: (j := world.jobs().get("again-fm")) and
+                       j["metadata"]["labels"].get("solarwm.io/attempt") == "2" and j, timeout=30,
+                       message="attempt 2 after the spec change")
+        assert _run_job(world, job).returncode == 0
+        status = wait_for(lambda: (s := world.status("again")).get("phase") == "Succeeded" and s,
+                          timeout=120, interval=0.2, message="the run to succeed")
         fm = _stage(status, "fm")
         assert fm["checkpoint"]["step"] == 4 and fm["failures"] == 0
         assert [a.get("resumedFrom") for a in fm["attempts"]] == [None, 2]
@@ -142,28 +146,24 @@ def test_a_trainer_that_refuses_its_input_is_not_retried_and_continues_once_fixe
     doc["spec"]["stages"][0]["set"] = [s for s in doc["spec"]["stages"][0]["set"] if "validate_every" not in s] + [
         "runtime.validate_every=2", "validation.decode_latents=1"]
     doc["spec"]["runPolicy"]["backoffLimit"] = 2
-    with emulated_cluster(crds("PyTorchJob"), tmp_path) as cluster:
-        world = World(cluster, storage)
-        world.ran = []
-        with world.operator(backends=("PyTorchJob",)):
-            world.apply(doc)
-            assert _kubelet(world, world.wait_job("refuse-fm"), tmp_path) != 0
-            status = world.wait_phase("refuse", "Failed")
-            fm = _stage(status, "fm")
-            assert fm["reason"] == "InputRefused" and fm["attempt"] == 1, fm   # its backoffLimit unspent
-            assert "missing-data" in fm["message"] and "not retried" in fm["message"]
-            assert not (storage / "refuse" / "fm" / "launch-manifest.json").exists()   # refused before writing
-            time.sleep(1.0)
-            assert world.jobs()["refuse-fm"]["metadata"]["labels"]["solarwm.io/attempt"] == "1"
+    with _operating(doc, storage, tmp_path) as world:
+        assert _kubelet(world, world.wait_job("refuse-fm"), tmp_path) != 0
+        status = world.wait_phase("refuse", "Failed")
+        fm = _stage(status, "fm")
+        assert fm["reason"] == "InputRefused" and fm["attempt"] == 1, fm   # its backoffLimit unspent
+        assert "missing-data" in fm["message"] and "not retried" in fm["message"]
+        assert not (storage / "refuse" / "fm" / "launch-manifest.json").exists()   # refused before writing
+        time.sleep(1.0)
+        assert world.jobs()["refuse-fm"]["metadata"]["labels"]["solarwm.io/attempt"] == "1"
 
-            fixed = dict(doc["spec"]["stages"][0], set=[s.replace(str(tmp_path / "missing-data"), str(wan_data))
-                                                        for s in doc["spec"]["stages"][0]["set"]])
-            world.patch_spec("refuse", {"stages": [fixed]})
-            job = wait_for(lambda: (j := world.jobs().get("refuse-fm")) and
-                           j["metadata"]["labels"].get("solarwm.io/attempt") == "2" and j, timeout=30,
-                           message="attempt 2 after the spec change")
-            assert _kubelet(world, job, tmp_path) == 0, world.ran[-1]
-            status = wait_for(lambda: (s := world.status("refuse")).get("phase") == "Succeeded" and s,
-                              timeout=120, interval=0.2, message="the run to succeed")
+        fixed = dict(doc["spec"]["stages"][0], set=[s.replace(str(tmp_path / "missing-data"), str(wan_data))
+                                                    for s in doc["spec"]["stages"][0]["set"]])
+        world.patch_spec("refuse", {"stages": [fixed]})
+        job = wait_for(lambda: (j := world.jobs().get("refuse-fm")) and
+                       j["metadata"]["labels"].get("solarwm.io/attempt") == "2" and j, timeout=30,
+                       message="attempt 2 after the spec change")
+        assert _kubelet(world, job, tmp_path) == 0, world.ran[-1]
+        status = wait_for(lambda: (s := world.status("refuse")).get("phase") == "Succeeded" and s,
+                          timeout=120, interval=0.2, message="the run to succeed")
         assert _stage(status, "fm")["checkpoint"]["step"] == 2
         assert {"InputRefused", "SpecChanged"} <= set(world.event_reasons("refuse"))

@@ -50,17 +50,24 @@ def _short_decodes(doc):
             stage["set"].append("validation.decode_latents=1")
 
 
-def test_interrupted_run_continues_where_it_stopped_and_finishes(data, tmp_path):
-    manifest, workdir = _manifest(tmp_path, data, _short_decodes), tmp_path / "runs"
+def _interrupt_after_step_2(manifest, workdir, stage: str = "fm") -> str:
+    """`solar run` of ``manifest`` interrupted (SIGINT) once ``stage`` committed its step-2 checkpoint: its
+    exit status 130, and its stderr."""
     proc = _solar_run(manifest, workdir, wait=False)
-    anyflow = workdir / "tiny-wan" / "anyflow" / "checkpoints" / "step_00000002"
+    step2 = workdir / "tiny-wan" / stage / "checkpoints" / "step_00000002"
     deadline = time.monotonic() + 300
-    while time.monotonic() < deadline and not anyflow.is_dir() and proc.poll() is None:
+    while time.monotonic() < deadline and not step2.is_dir() and proc.poll() is None:
         time.sleep(0.2)
-    assert anyflow.is_dir(), proc.communicate()[1][-3000:]
+    assert step2.is_dir(), proc.communicate()[1][-3000:]
     proc.send_signal(signal.SIGINT)
     _, err = proc.communicate(timeout=120)
     assert proc.returncode == 130, err[-2000:]
+    return err
+
+
+def test_interrupted_run_continues_where_it_stopped_and_finishes(data, tmp_path):
+    manifest, workdir = _manifest(tmp_path, data, _short_decodes), tmp_path / "runs"
+    err = _interrupt_after_step_2(manifest, workdir, "anyflow")
     assert "run the same command again to continue" in err
     status = json.loads((workdir / "tiny-wan" / "status.json").read_text())
     assert status["stages"][0]["phase"] == "Succeeded" and status["currentStage"] == "anyflow"
@@ -171,17 +178,6 @@ def _fm_only(*extra):
         doc["spec"]["stages"] = [dict(fm, set=fm["set"] + ["runtime.validate_every=2", *extra])]
     return edit
 
-
-def _interrupt_after_step_2(manifest, workdir):
-    proc = _solar_run(manifest, workdir, wait=False)
-    step2 = workdir / "tiny-wan" / "fm" / "checkpoints" / "step_00000002"
-    deadline = time.monotonic() + 300
-    while time.monotonic() < deadline and not step2.is_dir() and proc.poll() is None:
-        time.sleep(0.2)
-    assert step2.is_dir(), proc.communicate()[1][-3000:]
-    proc.send_signal(signal.SIGINT)
-    _, err = proc.communicate(timeout=120)
-    assert proc.returncode == 130, err[-2000:]
 
 
 def test_an_interrupted_run_edited_to_train_longer_continues_and_a_recipe_edit_is_refused(data, tmp_path):

@@ -41,13 +41,20 @@ class Fault:
         return self.kind == kind and self.step == step and (self.rank is None or self.rank == rank)
 
 
-def from_environment(environ=os.environ) -> Fault | None:
-    text = environ.get("SOLAR_INJECT_FAULT")
+def _drill(name: str, environ) -> str | None:
+    """The drill variable's value when ``SOLAR_ALLOW_FAULTS=1`` allows it; a stray one is reported and ignored."""
+    text = environ.get(name)
     if not text:
         return None
     if environ.get("SOLAR_ALLOW_FAULTS") != "1":
-        print(f"solar: warning: ignoring SOLAR_INJECT_FAULT={text!r} (fault injection needs SOLAR_ALLOW_FAULTS=1)",
-              file=sys.stderr)
+        print(f"solar: warning: ignoring {name}={text!r} (drills need SOLAR_ALLOW_FAULTS=1)", file=sys.stderr)
+        return None
+    return text
+
+
+def from_environment(environ=os.environ) -> Fault | None:
+    text = _drill("SOLAR_INJECT_FAULT", environ)
+    if text is None:
         return None
     kind, *parts = text.split(":")
     fields = dict(p.split("=", 1) for p in parts if "=" in p)
@@ -68,12 +75,8 @@ def storage_error(fault: Fault, step: int, rank: int, where) -> OSError | None:
 
 def device_memory(rank: int, environ=os.environ) -> int | None:
     """This rank's faked GPU memory (``SOLAR_FAKE_GPU_MEMORY``), or None."""
-    text = environ.get("SOLAR_FAKE_GPU_MEMORY")
-    if not text:
-        return None
-    if environ.get("SOLAR_ALLOW_FAULTS") != "1":
-        print(f"solar: warning: ignoring SOLAR_FAKE_GPU_MEMORY={text!r} (it needs SOLAR_ALLOW_FAULTS=1)",
-              file=sys.stderr)
+    text = _drill("SOLAR_FAKE_GPU_MEMORY", environ)
+    if text is None:
         return None
     sizes = [int(v) for v in text.split(",")]
     return sizes[rank % len(sizes)]
