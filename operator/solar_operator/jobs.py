@@ -15,7 +15,6 @@ not express. ``PyTorchJobBackend`` carries them out through ``kube.Kube`` behind
 from __future__ import annotations
 
 import dataclasses
-
 import re
 from typing import Protocol
 

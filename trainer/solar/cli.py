@@ -134,9 +134,9 @@ def cmd_data_synth(args: argparse.Namespace) -> int:
 def cmd_train(args: argparse.Namespace) -> int:
     from solar.launch.launcher import launch, ranks_to_start
 
-    ranks = ranks_to_start("train", args.config, args.set)   # alone with distributed.world_size > 1
-    if ranks:
-        return launch("train", args.config, args.set, ranks)
+    cfg = ranks_to_start("train", args.config, args.set)   # alone with distributed.world_size > 1
+    if cfg is not None:
+        return launch("train", args.config, args.set, cfg)
     from solar.train.launch import train
 
     return train(args.config, args.set)
@@ -145,9 +145,9 @@ def cmd_train(args: argparse.Namespace) -> int:
 def cmd_infer(args: argparse.Namespace) -> int:
     from solar.launch.launcher import launch, ranks_to_start
 
-    ranks = ranks_to_start("infer", args.config, args.set)
-    if ranks:
-        return launch("infer", args.config, args.set, ranks)
+    cfg = ranks_to_start("infer", args.config, args.set)
+    if cfg is not None:
+        return launch("infer", args.config, args.set, cfg)
     from solar.infer.launch import infer
 
     return infer(args.config, args.set)
@@ -184,11 +184,9 @@ def cmd_checkpoint_verify(args: argparse.Namespace) -> int:
 
 
 def cmd_checkpoint_list(args: argparse.Namespace) -> int:
-    from solar.storage.checkpoints import list_checkpoints
-
     from pathlib import Path
 
-    from solar.storage.checkpoints import PARTIAL_DIR, STEP_DIR
+    from solar.storage.checkpoints import PARTIAL_DIR, STEP_DIR, list_checkpoints
 
     path = Path(args.run_dir)
     if not path.is_dir():

@@ -142,10 +142,8 @@ def review(old: dict, new: dict, *, completed_step: int | None, where: str) -> R
     changes = diff(old, new)
     refused = [c for c in changes if c.kind == RECIPE and c.key not in accept]
     if refused:
-        shown = ", ".join(c.text() for c in refused[:SHOWN])
-        more = f" and {len(refused) - SHOWN} more" if len(refused) > SHOWN else ""
         keys = ",".join(c.key for c in refused)
-        raise ValueError(f"{where} holds a run with another recipe: {shown}{more}; a full resume changes recipe "
+        raise ValueError(f"{where} holds a run with another recipe: {listing(refused)}; a full resume changes recipe "
                          f"keys only when it lists them: --set 'checkpoint.accept_changes=[{keys}]' (or restore "
                          f"the run's values)")
     schedule = [c for c in changes if c.kind == SCHEDULE]
@@ -159,9 +157,10 @@ def review(old: dict, new: dict, *, completed_step: int | None, where: str) -> R
                   from_step=None if completed_step is None else completed_step + 1)
 
 
-def table() -> list[tuple[str, str]]:
-    """(key or block, kind) for every listed key, for ``docs`` and ``solar config``; anything else is recipe."""
-    return sorted(KINDS.items(), key=lambda kv: ({EXECUTION: 0, SCHEDULE: 1}[kv[1]], kv[0]))
+def listing(changes: list[Change]) -> str:
+    """The first ``SHOWN`` changes with both values, then how many more: what a refusal names."""
+    more = f" and {len(changes) - SHOWN} more" if len(changes) > SHOWN else ""
+    return ", ".join(c.text() for c in changes[:SHOWN]) + more
 
 
 def _show(value: Any) -> str:

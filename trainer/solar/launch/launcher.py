@@ -68,10 +68,11 @@ def after_signal(signum: int, result: Path, started: float) -> int:
 LAUNCHER_ENV = ("WORLD_SIZE", "RANK", "LOCAL_RANK", "TORCHELASTIC_RUN_ID")
 
 
-def ranks_to_start(verb: str, config: str, sets: Sequence[str]) -> int | None:
-    """How many ranks this process should start (``distributed.world_size``), or None when it is the
-    run's only process or already one rank under a launcher. A world this machine cannot hold (more
-    ranks than GPUs; without GPUs, than CPU cores) is refused, naming torchrun for more nodes."""
+def ranks_to_start(verb: str, config: str, sets: Sequence[str]):
+    """The resolved config when this process should start its ranks (``distributed.world_size`` > 1),
+    or None when it is the run's only process or already one rank under a launcher. A world this
+    machine cannot hold (more ranks than GPUs; without GPUs, than CPU cores) is refused, naming
+    torchrun for more nodes."""
     if any(key in os.environ for key in LAUNCHER_ENV):
         return None
     from solar.config.resolve import resolve_file
@@ -88,18 +89,17 @@ def ranks_to_start(verb: str, config: str, sets: Sequence[str]) -> int | None:
         raise SolarError(f"distributed.world_size={world} but this machine has {capacity} {what}; start each node's "
                          f"ranks with torchrun (--nnodes, --nproc-per-node) -m solar {verb}, or set "
                          f"distributed.world_size={capacity} or fewer (with the train.global_batch_size it implies)")
-    return world
+    return cfg
 
 
-def launch(verb: str, config: str, sets: Sequence[str], nproc: int) -> int:
-    """Run ``solar <verb>`` as ``nproc`` ranks on this machine; returns the exit status (module doc)."""
+def launch(verb: str, config: str, sets: Sequence[str], cfg) -> int:
+    """Run ``solar <verb>`` as ``cfg``'s ``distributed.world_size`` ranks on this machine (``cfg``: the
+    config ``ranks_to_start`` resolved); returns the exit status (module doc)."""
     from torch.distributed.elastic.multiprocessing import SignalException
     from torch.distributed.elastic.multiprocessing.errors import ChildFailedError
     from torch.distributed.launcher.api import LaunchConfig, elastic_launch
 
-    from solar.config.resolve import resolve_file
-
-    cfg = resolve_file(config, sets, expected_action=verb).config
+    nproc = cfg.distributed.world_size
     print(f"solar: starting {nproc} ranks on this machine for distributed.world_size={nproc} (as torchrun "
           f"--standalone --nproc-per-node={nproc} would)", file=sys.stderr, flush=True)
     os.environ.setdefault("OMP_NUM_THREADS", "1")   # as torchrun does for more than one rank per machine

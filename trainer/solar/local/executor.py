@@ -62,7 +62,6 @@ class LocalJob:
         self.proc = subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, start_new_session=True,
                                      env={**os.environ, **(env or {}), "PYTHONUNBUFFERED": "1"},
                                      preexec_fn=parent_death_signal)   # never outlives this command
-
         self.tail: list[str] = []
         self.own_error: str | None = None
         self.pump = threading.Thread(target=self._pump, args=(echo,), daemon=True)

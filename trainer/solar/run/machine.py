@@ -79,8 +79,8 @@ class JobState:
     suspended_by_operator: bool = False  # ... because the operator suspended it (SolarRun suspend)
     resumed: float | None = None  # when the job controller last reported it resumed (epoch seconds)
     version: str | None = None  # the API object's resourceVersion (an unchanged job needs no second look)
-    refused: bool = False       # the trainer refused its input before writing anything (exit 2 with no new
-                                # launch record), where the executor sees it (solar run)
+    refused: bool = False       # the trainer refused its input before writing anything (solar run: exit 2 with
+                                # no new launch record; the operator: its pods' termination message)
 
 
 @dataclass
@@ -332,15 +332,21 @@ def _note_usage(status: SolarRunStatus, st: StageStatus, usage: dict | None) -> 
 def _refused(plan: RunPlan, current: StageStatus | None, obs: Observation) -> reshape.Reshape | None:
     """The current stage's next attempt, when it would change the global batch of the checkpoint it
     resumes (asked only while no attempt of it runs: suspended, or its job failed or is gone)."""
-    if current is None:
-        return None
-    job = obs.jobs.get(current.name)
-    if job is not None and not (job.deleting or job.suspended_by_operator or job.phase == "Failed"):
+    if not _between_attempts(current, obs):
         return None
     p = plan.stage(current.name)
     files = obs.files.get(current.name) or StageFiles(exists=False)
     found = reshape.of_stage(p, files.latest, files.position, current)
     return found if found is not None and found.refused else None
+
+
+def _between_attempts(current: StageStatus | None, obs: Observation) -> bool:
+    """The current stage has no attempt running (suspended, or its job failed, is going or gone): what a
+    next attempt would do may be judged now."""
+    if current is None:
+        return False
+    job = obs.jobs.get(current.name)
+    return job is None or job.deleting or job.suspended_by_operator or job.phase == "Failed"
 
 
 def _mismatch(r: _Run, found: reshape.Reshape) -> str:
@@ -375,10 +381,7 @@ def recipe_problem(p: StagePlan, files: StageFiles) -> str | None:
 def _recipe_refused(plan: RunPlan, current: StageStatus | None, obs: Observation) -> str | None:
     """The current stage's recipe refusal (``recipe_problem``), asked as ``_refused`` is: only while no
     attempt of it runs."""
-    if current is None:
-        return None
-    job = obs.jobs.get(current.name)
-    if job is not None and not (job.deleting or job.suspended_by_operator or job.phase == "Failed"):
+    if not _between_attempts(current, obs):
         return None
     problem = recipe_problem(plan.stage(current.name), obs.files.get(current.name) or StageFiles(exists=False))
     return C.RECIPE_CHANGED.message(stage=current.name, detail=problem) if problem else None
@@ -422,11 +425,11 @@ def _start(r: _Run, st: StageStatus, p: StagePlan, files: StageFiles) -> None:
         return
     found = reshape.of_stage(p, files.latest, files.position, st) if start.resume_from else None
     held = None
+    problem = recipe_problem(p, files) if start.resume_from else None
     if found is not None and found.refused:
         held = (C.TOPOLOGY_MISMATCH, _mismatch(r, found))
-    elif start.resume_from and recipe_problem(p, files):
-        held = (C.RECIPE_CHANGED, _hold(r, C.RECIPE_CHANGED, C.RECIPE_CHANGED.message(
-            stage=st.name, detail=recipe_problem(p, files))))
+    elif problem:
+        held = (C.RECIPE_CHANGED, _hold(r, C.RECIPE_CHANGED, C.RECIPE_CHANGED.message(stage=st.name, detail=problem)))
     if held is not None:
         reason, message = held
         r.stage_phase(st, "Pending")

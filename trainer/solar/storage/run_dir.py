@@ -71,17 +71,6 @@ def latest_config(output_dir: Path) -> dict:
     return json.loads((records[-1] if records else output_dir / "resolved-config.json").read_text())
 
 
-def recorded_changes(output_dir: Path) -> list[dict]:
-    """Every schedule and accepted recipe change the run's launches recorded, oldest first."""
-    out = []
-    for path in sorted((output_dir / "launches").glob("*-launch-manifest.json")):
-        try:
-            out += json.loads(path.read_text()).get("changes") or []
-        except (OSError, ValueError):
-            continue
-    return out
-
-
 _VERB = {"train": "a training run", "infer": "an inference run"}
 
 
@@ -114,10 +103,9 @@ def prepare(output_dir: Path, resolved, *, resuming: bool, completed_step: int |
     if action == "infer":
         differ = [c for c in changes.diff(old, new) if c.kind != changes.EXECUTION or c.key.startswith("checkpoint.")]
         if differ:
-            shown = ", ".join(c.text() for c in differ[:changes.SHOWN])
-            more = f" and {len(differ) - changes.SHOWN} more" if len(differ) > changes.SHOWN else ""
-            raise SolarError(f"{output_dir} holds an unfinished generation with another config: {shown}{more}; "
-                             "continue it with the same config or use a new runtime.output_dir")
+            raise SolarError(f"{output_dir} holds an unfinished generation with another config: "
+                             f"{changes.listing(differ)}; continue it with the same config or use a new "
+                             "runtime.output_dir")
         return changes.Review([], [], [])
     try:
         return changes.review(old, new, completed_step=completed_step, where=str(output_dir))
