@@ -158,3 +158,43 @@ def test_each_clip_rolls_out_as_it_would_alone(family, tmp_path):
         assert torch.allclose(committed, alone, atol=1e-5)
         _, level_i, eps_i = state._score_noise(alone.detach(), cond_i, draws)
         assert torch.equal(level_joint[i:i + 1], level_i) and torch.equal(eps_joint[i:i + 1], eps_i)
+
+
+def test_a_role_holds_no_gradients_through_the_other_roles_update(tmp_path):
+    """The memory forecast holds one role's gradients at a time: the student's are gone before the
+    critic's update of the same outer step starts, and the critic's before the next student update
+    (the real loop, one process on the CPU; torch's global optimizer hook sees each update's step)."""
+    from solar.data.synth import synthesize
+    from solar.launch.distributed import Dist
+    from solar.storage.run_dir import EventLog, Heartbeat
+    from solar.train.engine import Loop
+    from solar.train.stage2 import build_stage2
+
+    data, out = tmp_path / "data", tmp_path / "out"
+    synthesize("wan22_ti2v_5b", data, samples=2, seed=1)
+    resolved = resolve_file(TINY["wan22_ti2v_5b"][0], [
+        f"data.root={data}", f"runtime.output_dir={out}", "runtime.validate_every=0", "runtime.validation_steps=[]",
+        "train.sgf.critic_updates_per_student=1", "train.sgf.rollout_latents=6", "train.sgf.supervised_latents=6"])
+    d = Dist(rank=0, world=1, local_rank=0, local_world=1, sp=1, device=torch.device("cpu"), backend=None)
+    parts, stage2 = build_stage2(resolved, 0, d.device)
+    loop = Loop(resolved, d, parts, out, EventLog(out, 0), Heartbeat(out, 0), None, stage2=stage2, term="critic")
+    roles = {"student": list(parts.params.values()), "critic": list(stage2.critic.params.values())}
+    seen = []
+
+    def before_step(optimizer, args, kwargs):
+        mine = {id(p) for group in optimizer.param_groups for p in group["params"]}
+        role = next(r for r, ps in roles.items() if id(ps[0]) in mine)
+        other = "critic" if role == "student" else "student"
+        seen.append((role, sum(p.grad is not None for p in roles[role]), sum(p.grad is not None for p in roles[other])))
+
+    from torch.optim.optimizer import register_optimizer_step_pre_hook
+
+    handle = register_optimizer_step_pre_hook(before_step)
+    try:
+        for step in (1, 2, 3):   # critic only, then student and critic at each outer step
+            loop.step(step)
+    finally:
+        handle.remove()
+    assert [r for r, _, _ in seen] == ["critic", "student", "critic", "student", "critic"]
+    assert all(own > 0 and other == 0 for _, own, other in seen), seen
+    assert all(p.grad is None for ps in roles.values() for p in ps)   # none kept after the last update

@@ -10,21 +10,24 @@ What one GPU holds during a step, per role (``model``; Stage2: ``student``, ``cr
   ``gradients`` (fp32), ``optimizer`` (AdamW's two fp32 moments), ``ema`` (fp32 shadow of the
   trainable weights). Sharded runs divide each by the shard group: every rank for ``full_shard``,
   the GPUs of a node for ``hybrid_shard``.
-- ``working``: bf16 copies the forward computes with. Unsharded under autocast, the cast of every
-  trainable weight is cached for the whole forward (frozen weights are cast per use); sharded,
-  FSDP2 gathers the weights of the running block and the next one, and a block's fp32 gradients
-  before they are reduced.
-- ``activations``: what the forward with grad saves per token and block under the checkpointing
-  policy, plus what sits outside the blocks and the recomputation of one block, from the measured
-  table ``ACTIVATIONS`` (bytes per token per block at the released widths, scaled with the width),
-  at the config's micro-batch and sequence length divided by SP. Stage2 updates one role at a time
-  with that role's gradients freed: its entry is what the update's activations and bf16 casts add
-  beyond those gradients, plus the rollout's KV cache.
+- ``working``: under FSDP2, the gathered bf16 weights of the running block and the next one, and a
+  block's fp32 gradients before they are reduced (Stage2: within the updating role's update).
+- ``activations``: what an update holds beyond its role's states (its gradients included), the
+  largest of three moments (``Activations``): the end of the forward (saved activations under the
+  checkpointing policy and kept blocks, the head's transient, and eager unsharded, autocast's bf16
+  cast of every trainable weight), the start of the backward (the saved activations and one block
+  recomputed) and the end of the backward (every gradient and what the first block's backward still
+  holds), at the config's tokens per GPU (micro-batch and sequence length divided by SP) from the
+  measured per-token table ``ACTIVATIONS``; less the role's gradients. Stage2 adds the rollout's
+  KV cache.
 
-The peak is every state plus the largest transient (Stage2: the student's or the critic's
-update). A config ``fits`` when the peak leaves ``RESERVE`` of the GPU free (CUDA context, NCCL
-buffers, allocator fragmentation). Figures measured against ``torch.cuda.max_memory_allocated``
-are in bench/RESULTS.md.
+The peak is every state but the gradients plus the largest update (its gradients and activations):
+the trainer frees gradients before each forward (``zero_grad(set_to_none=True)``) and Stage2 frees
+a role's after its update, so one role's gradients are held at a time. AdamW is torch's fused kernel
+on GPUs: its step adds nothing (measured). A config ``fits`` when the peak leaves ``RESERVE`` of the
+GPU free (CUDA context, NCCL buffers, allocator fragmentation). The forecast against measured peaks
+is in docs/memory.md (bench/gpu/memory_calibration.py; tests/unit/config/test_memory_calibration.py
+holds it to the recorded peaks).
 
 Host memory (CPU RAM) per rank, ``Forecast.host`` (``host_forecast``), from the same parameter counts:
 
@@ -61,26 +64,78 @@ from solar.errors import ConfigError
 GIB = 1 << 30
 RESERVE_FRACTION, RESERVE_MIN = 0.05, 3 * GIB
 # What ``activation_checkpointing_skip_blocks: auto`` leaves free beyond the usable limit: the forecast's
-# error against measured peaks (bench/RESULTS.md: within a few percent at the released widths).
+# error against measured peaks (docs/memory.md: 1.00-1.09x the measured peak).
 AUTO_MARGIN = 0.05
 HOST_BASELINE = 6 * GIB          # one rank's process on a GPU: Python, torch, the CUDA runtime (assumed, not measured)
 HOST_BASELINE_CPU = 2 * GIB      # the same on runtime.device cpu (no CUDA runtime)
 CLIP_COPIES = 3                  # the clip read ahead, the batch in use, its pinned copy on the way to the GPU
 PROMPT_TOKENS = 512               # text rows in MiniMax-H3's packed sequence (its text encoder's length)
 
-# Bytes per token of the forward with grad, bf16 compute, at each family's released width: policy ->
-# (per block, outside the blocks: the loss, the head, one block's recomputation). Measured on one H200
-# with bench/gpu/memory.py (bench/gpu/results/2026-12-04-memory-table*.jsonl); other widths scale
-# linearly. For Wan, whose every weight trains, a checkpointed block's saved input is hidden in that
-# measurement by the gradients, which peak at the end of the backward when the inputs are freed
-# (measured 55 and -205 B): the table holds what the checkpoint saves instead, the block's bf16 input
-# (plus its attention output under save_attention), which is what a sharded run, whose gradients are
-# divided, holds at the start of the backward.
-ACTIVATIONS: dict[str, dict[str, tuple[float, float]]] = {
-    "wan22_ti2v_5b": {"full": (2 * 3072, 266757), "save_attention": (4 * 3072, 267030), "none": (224101, 64362)},
-    "wan22_i2v_a14b": {"full": (2 * 5120, 405617), "save_attention": (4 * 5120, 405686), "none": (332683, 107418)},
-    "ltx25_video": {"full": (41099, 522775), "save_attention": (57869, 506222), "none": (515557, 41881)},
-    "minimax_h3": {"full": (10032, 537453), "save_attention": (25334, 522102), "none": (428176, 117387)},
+@dataclass(frozen=True)
+class Activations:
+    """Bytes per token (bf16 compute) of one family's training step at its released width; other
+    widths scale linearly. What a step holds beyond its states, at the three moments that can set the
+    peak (module docstring):
+
+    - the end of the forward: ``outside`` (what the forward saves outside the blocks), each
+      checkpointed block's saved input (``checkpointed[policy]``), each block that keeps its
+      activations (``kept``, without eager autocast's weight casts, counted apart), plus ``head``,
+      the loss and output head's transient;
+    - the start of the backward: the same saved activations plus one checkpointed block recomputed
+      (``kept``);
+    - the end of the backward: every gradient plus ``tail``, what the backward of the first
+      block still holds beside them.
+
+    ``kept`` and ``tail`` differ compiled and eager (``runtime.compile``)."""
+    checkpointed: dict[str, float]
+    kept_eager: float
+    kept_compiled: float
+    outside: float
+    head: float
+    tail_eager: float
+    tail_compiled: float
+
+    def kept(self, compiled: bool) -> float:
+        return self.kept_compiled if compiled else self.kept_eager
+
+    def tail(self, compiled: bool) -> float:
+        return self.tail_compiled if compiled else self.tail_eager
+
+
+# Wan TI2V-5B, measured: ``solar train`` at world 1, unsharded, 15 of 30 blocks, on one H100 with the
+# phase probe (bench/gpu/memory_calibration.py, 2026-12-07: Stage1 TF-AnyFlow compiled with 0, 6 and
+# 10 kept blocks and eager with 0 and 6, Stage0.5 compiled with 0 and 8, Stage2's critic update at 5
+# blocks with 0 and 5); ``kept_eager`` is the H200 table of 2026-12-04 (bench/gpu/memory.py, eager:
+# 224,101; the H100's eager Stage1 gave 226,400). Compiled kept blocks measured 183,400 (Stage1),
+# 203,000 (Stage0.5) and 215,000 (Stage2's critic), ``head`` 28,500-51,700, ``tail_compiled``
+# 158,000-171,100, the eager tail 2,400: the table holds the largest or a middle figure.
+_WAN5B = Activations({"full": 2 * 3072, "save_attention": 4 * 3072}, kept_eager=224101, kept_compiled=205000,
+                     outside=55000, head=52000, tail_eager=2400, tail_compiled=171000)
+
+
+def _eager_only(full: tuple[float, float], save_attention: tuple[float, float], none: tuple[float, float],
+                *, compiled_ratio: float = 1.0) -> Activations:
+    """A family measured eager only (the H200 table of 2026-12-04, bench/gpu/memory.py: per block and
+    outside the blocks, per policy): ``outside`` is what stays outside the blocks without
+    checkpointing (the head's transient within it); one block's recomputation stands for the tail.
+    ``compiled_ratio``: a compiled kept block against an eager one, where the block is Wan TI2V-5B's
+    code (its measured ratio); elsewhere 1 (compiled is then forecast as eager: over, never under)."""
+    kept = none[0]
+    return Activations({"full": full[0], "save_attention": save_attention[0]}, kept_eager=kept,
+                       kept_compiled=kept * compiled_ratio, outside=none[1], head=0, tail_eager=kept,
+                       tail_compiled=kept * compiled_ratio)
+
+
+ACTIVATIONS: dict[str, Activations] = {
+    "wan22_ti2v_5b": _WAN5B,
+    # A14B's blocks are TI2V-5B's at another width: its eager table, 5B's compiled ratio and 5B's
+    # measured outside, head and tails scaled by its own table's outside figure
+    "wan22_i2v_a14b": Activations({"full": 2 * 5120, "save_attention": 4 * 5120}, kept_eager=332683,
+                                  kept_compiled=332683 * _WAN5B.kept_compiled / _WAN5B.kept_eager,
+                                  outside=55000 * 107418 / 64362, head=52000 * 107418 / 64362,
+                                  tail_eager=2400 * 332683 / 224101, tail_compiled=171000 * 332683 / 224101),
+    "ltx25_video": _eager_only((41099, 522775), (57869, 506222), (515557, 41881)),
+    "minimax_h3": _eager_only((10032, 537453), (25334, 522102), (428176, 117387)),
 }
 
 
@@ -195,22 +250,31 @@ def _sequence(cfg, latents: int) -> int:
     return rows
 
 
-def _activation(cfg, tokens: int) -> int:
-    """Bytes the forward with grad of ``tokens`` rows (on this GPU) saves, policy and skipped blocks applied."""
+def _transient(cfg, tokens: int, *, gradients: int, trainable: int, sharded: bool) -> int:
+    """What one update of ``tokens`` rows (on this GPU) holds beyond its role's states, its own
+    ``gradients`` included (freed before the forward, back by the end of the backward): the largest of
+    the end of the forward, the start of the backward and the end of the backward (``Activations``),
+    policy, kept blocks and ``runtime.compile`` applied. Unsharded eager runs also hold autocast's
+    bf16 cast of every ``trainable`` weight through the forward, and the casts a kept block saves."""
     family, dims = cfg.model.family, effective_dims(cfg)
     released = families.spec(family).dims("released")
     width = (dims.num_heads * dims.head_dim if family != "minimax_h3" else dims.hidden_size)
     ref = released.num_heads * released.head_dim if family != "minimax_h3" else released.hidden_size
-    scale = width / ref
-    dist = cfg.distributed
-    table = ACTIVATIONS[family]
-    if dist.activation_checkpointing:
-        skipped = min(dist.activation_checkpointing_skip_blocks, dims.num_layers)
-        per_block, outside = table[dist.activation_checkpointing_policy]
-        blocks = (dims.num_layers - skipped) * per_block + skipped * table["none"][0]
-    else:
-        blocks, outside = dims.num_layers * table["none"][0], table["none"][1]
-    return int(tokens * scale * (blocks + outside))
+    per_token = tokens * width / ref
+    table, dist, layers = ACTIVATIONS[family], cfg.distributed, dims.num_layers
+    compiled = bool(cfg.runtime.compile)
+    kept = min(dist.activation_checkpointing_skip_blocks, layers) if dist.activation_checkpointing else layers
+    checkpointed = layers - kept
+    saved = per_token * (table.outside + kept * table.kept(compiled)
+                         + (checkpointed * table.checkpointed[dist.activation_checkpointing_policy]
+                            if checkpointed else 0))
+    casts = 0 if sharded or compiled else 2 * trainable     # autocast's cache, eager and unsharded only
+    block_casts = casts / max(layers, 1)
+    recompute = per_token * table.kept(compiled) + block_casts if checkpointed else 0
+    end_of_forward = saved + per_token * table.head + casts
+    start_of_backward = saved + kept * block_casts + recompute
+    end_of_backward = gradients + per_token * table.tail(compiled)
+    return int(max(end_of_forward, start_of_backward, end_of_backward))
 
 
 def _kv_cache(cfg, dims) -> int:
@@ -241,13 +305,17 @@ def _states(cfg, *, trainable_role: bool, ema: bool, degree: int, bf16: bool, fr
     out = {"parameters": 4 * share(trainable), "frozen": frozen_bytes * share(frozen),
            "gradients": 4 * share(trainable), "optimizer": 8 * share(trainable),
            "ema": 4 * share(trainable) if ema else 0}
-    if bf16:
-        if degree > 1:  # two gathered bf16 blocks, one block's unreduced fp32 gradients, the root's own
-            block = lay.per_block
-            out["working"] = 2 * 2 * block + (4 * block if trainable else 0) + 2 * lay.outside
-        else:  # autocast keeps the bf16 cast of every trainable weight for the forward
-            out["working"] = 2 * trainable
+    if bf16 and degree > 1:  # two gathered bf16 blocks, one block's unreduced fp32 gradients, the root's own
+        block = lay.per_block
+        out["working"] = 2 * 2 * block + (4 * block if trainable else 0) + 2 * lay.outside
     return {k: v for k, v in out.items() if v}
+
+
+def peak_of(roles: dict[str, dict[str, int]]) -> int:
+    """Every state but the gradients, plus the largest update: one role updates at a time, holding
+    its gradients and its activations (Stage2 frees a role's gradients after its update)."""
+    states = sum(v for r in roles.values() for k, v in r.items() if k not in ("gradients", "activations"))
+    return states + max(r.get("gradients", 0) + r.get("activations", 0) for r in roles.values())
 
 
 def blocks_keep(n: int) -> str:
@@ -326,20 +394,23 @@ def forecast(resolved, *, gpu_memory_bytes: int, gpus_per_node: int = 8, look_fa
                                    frozen_bf16=bf16, shared_base=shared)
         tokens["student"] = micro * -(-_sequence(cfg, 2 * sgf.rollout_latents) // sp)  # [committed | at exit]
         tokens["critic"] = micro * -(-_sequence(cfg, sgf.supervised_latents) // sp)
-        # One role updates at a time, its gradients freed before its forward (zero_grad(set_to_none)):
-        # its activations and bf16 weight casts take the place of its gradients until the backward
-        # allocates them again, so the transient beyond the states is what exceeds those gradients.
+        # One role updates at a time (with the rollout's KV cache beside it), gathering only its own
+        # blocks under FSDP2: its working copies belong to its update, not beside the other's
         for role in ("student", "critic"):
             parts = roles[role]
-            extra = _activation(cfg, tokens[role]) + parts.pop("working", 0) - parts.get("gradients", 0)
-            parts["activations"] = max(extra, 0) + cache
+            step = _transient(cfg, tokens[role], gradients=parts.get("gradients", 0),
+                              trainable=parts.get("parameters", 0) // 4 if bf16 else 0, sharded=degree > 1) + cache
+            step += parts.pop("working", 0)
+            parts["activations"] = max(step - parts.get("gradients", 0), 0)
     else:
-        roles["model"] = _states(cfg, trainable_role=True, ema=ema, degree=degree, bf16=bf16, frozen_bf16=False)
+        roles["model"] = parts = _states(cfg, trainable_role=True, ema=ema, degree=degree, bf16=bf16,
+                                         frozen_bf16=False)
         rows = _sequence(cfg, 2 * latents if route.stage == "stage1" else latents)  # Stage1: [clean | noisy]
         tokens["model"] = micro * -(-rows // sp)
-        roles["model"]["activations"] = _activation(cfg, tokens["model"])
-    states = sum(v for r in roles.values() for k, v in r.items() if k != "activations")
-    peak = states + max(r.get("activations", 0) for r in roles.values())
+        step = _transient(cfg, tokens["model"], gradients=parts.get("gradients", 0),
+                          trainable=parts.get("parameters", 0) // 4 if bf16 else 0, sharded=degree > 1)
+        parts["activations"] = max(step - parts.get("gradients", 0), 0)
+    peak = peak_of(roles)
     usable = gpu_memory_bytes - max(RESERVE_MIN, int(RESERVE_FRACTION * gpu_memory_bytes))
     result = Forecast(gpu_memory_bytes, peak, peak <= usable, roles, degree, tokens, usable,
                       host=host_forecast(resolved, gpus_per_node=gpus_per_node, device_peak=peak))

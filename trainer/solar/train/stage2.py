@@ -587,6 +587,9 @@ class Stage2:
                                     "non_finite")
         with phase(f"{role}-optimizer"):
             optimizer.step()
+        # the other role updates next: this role's gradients are not kept through it (memory.forecast
+        # holds one role's gradients at a time)
+        optimizer.zero_grad(set_to_none=True)
         return total, norm, extra, records
 
     def step(self, loop, step: int) -> dict:
