@@ -128,6 +128,20 @@ class Kube:
                             label_selector=selector, _preload_content=False, missing=None)
         return json.loads(result.data).get("items", []) if result is not None else []
 
+    def list_nodes(self) -> list[dict]:
+        """Every node, as plain documents (elastic stages: what the cluster can hold; --read-nodes)."""
+        import json
+
+        result = self._call("list nodes", self.core.list_node, _preload_content=False, missing=None)
+        return json.loads(result.data).get("items", []) if result is not None else []
+
+    def list_all_pods(self) -> list[dict]:
+        """Every pod of every namespace, as plain documents (the GPUs requested on each node; --read-nodes)."""
+        import json
+
+        result = self._call("list pods", self.core.list_pod_for_all_namespaces, _preload_content=False, missing=None)
+        return json.loads(result.data).get("items", []) if result is not None else []
+
     def get_object(self, res: tuple[str, str, str], namespace: str, name: str) -> dict | None:
         return self._call(f"get {res[2][:-1]} {namespace}/{name}", self.custom.get_namespaced_custom_object,
                           *res[:2], namespace, res[2], name)

@@ -37,6 +37,12 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--backends", default=os.environ.get("SOLAR_OPERATOR_BACKENDS", "pytorchjob,trainjob"),
                         metavar="LIST", help="job kinds this operator runs and watches, comma-separated "
                                              "(env SOLAR_OPERATOR_BACKENDS; the chart's backends value)")
+    parser.add_argument("--read-nodes", action="store_true",
+                        default=os.environ.get("SOLAR_OPERATOR_READ_NODES", "") in ("1", "true"),
+                        help="read nodes and every pod (cluster-scope RBAC; the chart's elastic.readNodes) so that "
+                             "elastic stages shrink to what the cluster holds and grow back (env "
+                             "SOLAR_OPERATOR_READ_NODES=1); without it they shrink one allowed shape at a time and "
+                             "never grow back")
     parser.add_argument("--metrics-port", type=int, default=8080, help="Prometheus /metrics port (0: off)")
     parser.add_argument("--standalone", action="store_true", help="kopf: no peering")
     parser.add_argument("-A", "--all-namespaces", action="store_true", help="kopf: watch every namespace")
@@ -120,14 +126,15 @@ def main(argv: Sequence[str] | None = None) -> int:
     if args.metrics_port:
         metrics.serve(args.metrics_port)
     asyncio.run(kopf.operator(registry=registry, memo=kopf.Memo(runs=reconciler(root, default_backend=default,
-                                                                              backends=enabled)),
+                                                                              backends=enabled,
+                                                                              read_nodes=args.read_nodes)),
                               standalone=args.standalone, clusterwide=args.all_namespaces,
                               namespaces=args.namespace, liveness_endpoint=args.liveness))
     return 0
 
 
 def reconciler(storage_root: Path, *, url: str | None = None, default_backend: str = "PyTorchJob",
-               backends: tuple[str, ...] = ("PyTorchJob", "TrainJob")):
+               backends: tuple[str, ...] = ("PyTorchJob", "TrainJob"), read_nodes: bool = False):
     """The operator's reconciler over the real API (``url``: a test server instead of the cluster)."""
     from solar_operator.backends import Backends
     from solar_operator.kube import Kube, api_client
@@ -135,7 +142,7 @@ def reconciler(storage_root: Path, *, url: str | None = None, default_backend: s
 
     kube = Kube(api_client(url))
     return Reconciler(kube, Backends(kube, default=default_backend, enabled=backends), storage_root=storage_root,
-                      repo=REPO)
+                      repo=REPO, read_nodes=read_nodes)
 
 
 if __name__ == "__main__":

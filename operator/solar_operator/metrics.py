@@ -32,6 +32,13 @@ EVENTS = Counter("solar_operator_events_total", "Kubernetes Events the operator 
                  registry=REGISTRY)
 for _result in ("posted", "retried", "dropped"):
     EVENTS.labels(result=_result)
+SHAPE_CHANGES = Counter("solar_stage_shape_changes_total", "Elastic training stages that continued at a smaller "
+                        "shape (shrink: pods disrupted or unschedulable) or grew back (grow).", ["direction"],
+                        registry=REGISTRY)
+for _direction in ("shrink", "grow"):
+    SHAPE_CHANGES.labels(direction=_direction)
+DISRUPTION_SECONDS = Counter("solar_stage_disruption_seconds_total", "Time elastic stages lost to disruptions: from "
+                             "each disruption to the next checkpoint committed after it.", registry=REGISTRY)
 PHASES = ("Pending", "Running", "Succeeded", "Failed", "Suspended")
 # The trainer's error types (solar.train.launch); anything else is counted as "other" (bounded labels).
 ERROR_TYPES = ("non_finite", "oom", "sp_mismatch", "data", "checkpoint", "validation_setup", "storage_full",

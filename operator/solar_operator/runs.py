@@ -44,12 +44,12 @@ from pydantic import ValidationError
 
 from solar.diagnose import failure_summary
 from solar.run import conditions as C
-from solar.run import machine
+from solar.run import elastic, machine
 from solar.run.observe import LazyStageFiles, observe_stage
 from solar.run.plan import RunInvalid, RunPlan, plan_run
 from solar.run.spec import SolarRunSpec, SolarRunStatus, first_error
-from solar_operator import errors, metrics
-from solar_operator.jobs import JobBackend
+from solar_operator import capacity, errors, metrics
+from solar_operator.jobs import ATTEMPT_LABEL, RUN_LABEL, STAGE_LABEL, JobBackend, stage_resources
 
 log = logging.getLogger("solar_operator")
 STATUS_KEYS = tuple(SolarRunStatus.model_fields)
@@ -74,8 +74,10 @@ EVENT_ATTEMPTS = 5   # tries of one Event (its first post and four later reconci
 
 
 class Reconciler:
-    def __init__(self, kube, backend: JobBackend, *, storage_root: Path, repo: Path, clock=time.time) -> None:
+    def __init__(self, kube, backend: JobBackend, *, storage_root: Path, repo: Path, clock=time.time,
+                 read_nodes: bool = False) -> None:
         self.kube, self.backend = kube, backend
+        self.capacity = capacity.View(kube, read_nodes=read_nodes)
         self.storage_root, self.repo, self.clock = Path(storage_root), Path(repo), clock
         self._guard = threading.Lock()   # held only to read or flip the flags below, never across I/O
         self._running: set[tuple[str, str]] = set()
@@ -214,10 +216,11 @@ class Reconciler:
                 root / stage, final_step=plan.stage(stage).final_step,
                 validation_step=plan.stage(stage).validation_step, generation=plan.stage(stage).generation,
                 owner=(uid, stage) if uid else None))
+        pods, room = self._elastic_view(run, spec, plan, previous, jobs) if plan is not None else ({}, {})
         now = self.clock()
         obs = machine.Observation(name, generation, now, plan=plan, invalid=invalid, jobs=jobs, files=files,
                                   diagnose=(lambda stage: failure_summary(root / stage)) if root else
-                                  (lambda stage: None))
+                                  (lambda stage: None), pods=pods, capacity=room)
         decision = machine.reconcile(spec, previous, obs)
         if plan is not None and decision.status.backend is None:
             decision.status.backend = self.backend.name(run)
@@ -246,6 +249,37 @@ class Reconciler:
             key = (namespace, name)
             self._seen[key] = {job.name: job.version for job in jobs.values()} | self._created.pop(key, {})
         return decision
+
+    def _elastic_view(self, run: dict, spec, plan: RunPlan, previous: SolarRunStatus | None, jobs: dict):
+        """Elastic stages not yet succeeded: their pods (``capacity.stage_pods``) and, with nodes read, how
+        many nodes could hold one of their pods now (``capacity.free_nodes``)."""
+        pods, room = {}, {}
+        stages = [p for p in plan.stages if p.elastic and not (
+            previous is not None and any(s.name == p.name and s.phase == "Succeeded" for s in previous.stages))]
+        if not stages:
+            return pods, room
+        meta = run["metadata"]
+        listed = {}
+        for p in stages:
+            own = self.kube.list_pods(meta["namespace"], f"{RUN_LABEL}={meta['name']},{STAGE_LABEL}={p.name}")
+            job = jobs.get(p.name)
+            recorded = next((s for s in previous.stages if s.name == p.name), None) if previous else None
+            attempt = job.attempt if job is not None and job.attempt else (recorded.attempt if recorded else None)
+            listed[p.name] = own, attempt
+        # a failed job is decided on now: the nodes as they are, not as a moment ago
+        cluster = self.capacity.cluster(fresh=any(jobs.get(p.name) is not None and jobs[p.name].phase == "Failed"
+                                                  for p in stages))
+        nodes = {n["metadata"]["name"]: n for n in cluster[0]} if cluster is not None else None
+        for p in stages:
+            own, attempt = listed[p.name]
+            pods[p.name] = capacity.stage_pods(own, attempt, nodes, ATTEMPT_LABEL)
+            if cluster is not None:
+                current = {x["metadata"].get("uid") for x in own
+                           if (x["metadata"].get("labels") or {}).get(ATTEMPT_LABEL) == str(attempt)}
+                limits = (stage_resources(spec, p.name) or {}).get("limits") or {}
+                need = capacity.quantity(limits.get(capacity.GPU, p.nproc)) or p.nproc
+                room[p.name] = capacity.free_nodes(cluster[0], cluster[1], gpus=need, own=current)
+        return pods, room
 
     def _keep_finalizer(self, run: dict, keep: bool) -> None:
         """Add or remove ``FINALIZER`` on the run (a merge patch conditioned on the resourceVersion just
@@ -277,6 +311,10 @@ class Reconciler:
                 metrics.count_stage_gpu_seconds(spec.family, p.route, p.action, ended.usage.gpuSeconds)
         for _stage, error_type in decision.job_failures:
             metrics.count_stage_failure(error_type)
+        for _stage, direction in decision.shape_changes:
+            metrics.SHAPE_CHANGES.labels(direction=direction).inc()
+        for _stage, seconds in decision.disruption_costs:
+            metrics.DISRUPTION_SECONDS.inc(max(seconds, 0.0))
 
     def _write_status(self, namespace: str, name: str, stored: dict, decision: machine.Decision) -> dict:
         """Write the decision's status when it differs from ``stored``; what the server now holds."""
@@ -330,7 +368,10 @@ class Reconciler:
                          f"{verb if gone else 'already gone'}")
                 continue
             try:
-                created = self.backend.create(run, spec, plan.stage(action.stage), action)
+                stage = plan.stage(action.stage)
+                if action.nodes:   # an elastic stage's attempt at another allowed node count
+                    stage = elastic.shaped(stage, action.nodes)
+                created = self.backend.create(run, spec, stage, action)
             except (errors.Rejected, errors.NotOurs) as exc:
                 reason = C.JOB_NAME_TAKEN if isinstance(exc, errors.NotOurs) else C.JOB_REJECTED
                 message = reason.message(stage=action.stage, job=action.job, detail=str(exc))

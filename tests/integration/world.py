@@ -145,12 +145,12 @@ class World:
     # -- the operator -----------------------------------------------------------------------------
     @contextmanager
     def operator(self, poll_seconds: float = 0.3, default_backend: str = "PyTorchJob",
-                 backends: tuple[str, ...] = ("PyTorchJob", "TrainJob")):
+                 backends: tuple[str, ...] = ("PyTorchJob", "TrainJob"), read_nodes: bool = False):
         from solar_operator import handlers
         from solar_operator.main import reconciler
 
         self.reconciler = reconciler(self.storage, url=self.cluster.url, default_backend=default_backend,
-                                     backends=backends)
+                                     backends=backends, read_nodes=read_nodes)
         with run_kopf_operator(lambda registry: handlers.register(registry, poll_seconds=poll_seconds,
                                                                   backends=backends),
                                self.cluster, memo=kopf.Memo(runs=self.reconciler)) as running:

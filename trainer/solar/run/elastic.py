@@ -64,3 +64,52 @@ def summary(allowed: tuple[Shape, ...], t) -> str:
     return (f"elastic: {counts} (bounds minNodes {e.minNodes} .. nodes {t.nodes}; shrink after "
             f"{e.shrinkAfterSeconds} s unschedulable, grow back {'on' if e.growBack else 'off'}, at least "
             f"{e.minSecondsBetweenChanges} s between changes)")
+
+
+@dataclass(frozen=True)
+class Pods:
+    """What an elastic stage's pods say (the operator reads them; ``solar run`` has none):
+    ``alive`` pods of any attempt not yet gone (a new attempt waits for them: the old ranks may still
+    be saving), whether a pending pod of the current attempt is ``unschedulable``, and why the current
+    attempt's pods were ``disrupted`` (a DisruptionTarget condition, eviction, preemption, a lost
+    node), or None."""
+    alive: int = 0
+    unschedulable: bool = False
+    disrupted: str | None = None
+
+
+def shape_at(allowed: tuple[Shape, ...], nodes: int) -> Shape | None:
+    return next((s for s in allowed if s.nodes == nodes), None)
+
+
+def largest(allowed: tuple[Shape, ...], *, at_most: int | None, below: int | None = None,
+            above: int | None = None) -> Shape | None:
+    """The largest allowed shape with at most ``at_most`` nodes (None: no bound known), fewer than
+    ``below`` and more than ``above`` nodes when given."""
+    for s in allowed:   # largest first
+        if (at_most is None or s.nodes <= at_most) and (below is None or s.nodes < below) \
+                and (above is None or s.nodes > above):
+            return s
+    return None
+
+
+def shaped(p, nodes: int):
+    """Stage plan ``p`` at ``nodes`` nodes of its allowed elastic shapes: the world size and the
+    accumulation that keeps the global batch (in its arguments too)."""
+    import dataclasses
+
+    s = shape_at(p.elastic, nodes)
+    if s is None or nodes == p.nodes:
+        return p
+    world = nodes * p.nproc
+    sets = tuple(f"distributed.world_size={world}" if item.startswith("distributed.world_size=") else
+                 f"train.gradient_accumulation={s.accumulation}" if item.startswith("train.gradient_accumulation=")
+                 else item for item in p.sets)
+    return dataclasses.replace(p, nodes=nodes, accumulation=s.accumulation, sets=sets)
+
+
+def describe(p, nodes: int) -> str:
+    """``2 nodes (world 16, accumulation 1)``."""
+    s = shape_at(p.elastic, nodes)
+    acc = s.accumulation if s else p.accumulation
+    return f"{nodes} node{'s' if nodes != 1 else ''} (world {nodes * p.nproc}, accumulation {acc})"

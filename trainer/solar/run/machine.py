@@ -48,12 +48,13 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 
 from solar.run import conditions as C
-from solar.run import failure, progress_deadline, reshape, resume, success, suspend
+from solar.run import elastic, failure, progress_deadline, reshape, resume, success, suspend
 from solar.run.observe import StageFiles
 from solar.run.plan import RunInvalid, RunPlan, StagePlan, job_name
 from solar.run.spec import (
     AttemptUsage,
     CheckpointStatus,
+    ElasticStatus,
     MemoryStatus,
     SolarRunSpec,
     SolarRunStatus,
@@ -94,6 +95,10 @@ class Observation:
     files: Mapping[str, StageFiles] = field(default_factory=dict)  # stage -> its directory
     # stage -> one line of `solar diagnose` on its directory, asked only when a stage fails
     diagnose: Callable[[str], str | None] = lambda stage: None
+    # elastic stages (the operator reads pods and nodes for them): stage -> its pods; stage -> how many
+    # nodes could hold one of its pods now, counting those its own running pods hold (absent: unknown)
+    pods: Mapping[str, elastic.Pods] = field(default_factory=dict)
+    capacity: Mapping[str, int] = field(default_factory=dict)
 
 
 @dataclass(frozen=True)
@@ -103,6 +108,7 @@ class Action:
     job: str
     attempt: int = 0
     resume_from: str | None = None
+    nodes: int | None = None   # an elastic stage's attempt at another node count than the plan's
 
 
 @dataclass
@@ -112,6 +118,8 @@ class Decision:
     events: list[tuple[str, str, str]] = field(default_factory=list)   # (Normal|Warning, reason, message)
     transitions: list[tuple[str, str]] = field(default_factory=list)   # (stage, to_phase)
     job_failures: list[tuple[str, str]] = field(default_factory=list)  # (stage, run-result error_type)
+    shape_changes: list[tuple[str, str]] = field(default_factory=list)  # (stage, shrink|grow)
+    disruption_costs: list[tuple[str, float]] = field(default_factory=list)  # (stage, seconds to recover)
 
 
 def iso(t: float) -> str:
@@ -246,10 +254,14 @@ def _advance(r: _Run, spec: SolarRunSpec, st: StageStatus, p: StagePlan, obs: Ob
     if p.action == "train":
         status.step = files.latest
         _note_checkpoint(r, st, p, files.latest)
+    if p.elastic:
+        _note_recovery(r, st, files.latest)
     job = obs.jobs.get(st.name)
     if job is not None and job.deleting:
         return False                                     # the previous attempt's job is still going away
     if job is None:
+        if p.elastic and obs.pods.get(st.name, elastic.Pods()).alive:
+            return False                                 # its pods are still going (saving on SIGTERM)
         _start(r, st, p, files)
         return False
     _adopt(r, st, job)
@@ -274,9 +286,16 @@ def _advance(r: _Run, spec: SolarRunSpec, st: StageStatus, p: StagePlan, obs: Ob
         _stage_done(r, st, p, files)
         return True
     if job.phase == "Failed":
-        _job_failed(r, spec, st, job, files)
+        pods = obs.pods.get(st.name)
+        if p.elastic and pods is not None and pods.disrupted and job.attempt in (None, st.attempt) \
+                and not job.refused:
+            _disrupted(r, spec, st, p, job, pods.disrupted, obs.capacity.get(st.name), files.latest)
+        else:
+            _job_failed(r, spec, st, job, files)
         return False
     phase = "Running" if job.phase in ("Running", "Restarting") else "Pending"
+    if p.elastic and _elastic_change(r, spec, st, p, job, phase, obs, files.latest):
+        return False
     if r.stage_phase(st, phase) and phase == "Running":
         r.event("Normal", C.STAGE_RUNNING, C.STAGE_RUNNING.message(stage=st.name, attempt=st.attempt))
     limit = spec.runPolicy.progressDeadlineSeconds
@@ -409,15 +428,34 @@ def _reopen(r: _Run) -> None:
         failed.reason, failed.message = C.JOB_FAILED.name, message
 
 
+ATTEMPTS_KEPT = 50   # status.stages[].attempts keeps the newest; the rest are counted (elastic.attemptsDropped)
+
+
 def _record_attempt(st: StageStatus, p: StagePlan, attempt: int, resumed_from: int | None, started: str) -> None:
-    """The topology an attempt starts at (once per attempt)."""
+    """The topology an attempt starts at (once per attempt); the attempt before it ends then (its GPU-hours
+    from its start to now at its world size)."""
     if any(a.attempt == attempt for a in st.attempts or []):
         return
-    st.attempts = [*(st.attempts or []), StageAttempt(attempt=attempt, topology=reshape.attempt_topology(p),
-                                                      resumedFrom=resumed_from, startTime=started)]
+    attempts = list(st.attempts or [])
+    if attempts and attempts[-1].endTime is None:
+        last = attempts[-1]
+        last.endTime = started
+        began, ended = parse_iso(last.startTime), parse_iso(started)
+        if began is not None and ended is not None:
+            last.gpuHours = round(last.topology.worldSize * max(0.0, ended - began) / 3600, 4)
+    attempts.append(StageAttempt(attempt=attempt, topology=reshape.attempt_topology(p), resumedFrom=resumed_from,
+                                 startTime=started))
+    if len(attempts) > ATTEMPTS_KEPT:
+        dropped = len(attempts) - ATTEMPTS_KEPT
+        attempts = attempts[dropped:]
+        st.attemptsDropped = (st.attemptsDropped or 0) + dropped
+    st.attempts = attempts
 
 
 def _start(r: _Run, st: StageStatus, p: StagePlan, files: StageFiles) -> None:
+    planned_nodes = p.nodes
+    if p.elastic and st.elastic is not None:
+        p = elastic.shaped(p, st.elastic.nodes)
     attempt = st.attempt + 1
     start = resume.next_start(p, files, attempt)
     if start is None:
@@ -438,8 +476,14 @@ def _start(r: _Run, st: StageStatus, p: StagePlan, files: StageFiles) -> None:
         r.condition(C.PROGRESSING, "False", reason, message)
         return
     name = job_name(r.run, st.name)
-    r.decision.actions.append(Action("create_job", st.name, name, attempt, start.resume_from))
+    r.decision.actions.append(Action("create_job", st.name, name, attempt, start.resume_from,
+                                     p.nodes if p.nodes != planned_nodes else None))
     _record_attempt(st, p, attempt, files.latest if start.resume_from else None, iso(r.now))
+    if st.elastic is not None:
+        st.elastic.unschedulableSince = None
+        if st.elastic.nextReason and st.attempts and st.attempts[-1].attempt == attempt:
+            st.attempts[-1].reason = st.elastic.nextReason
+        st.elastic.nextReason = None
     st.job, st.attempt = name, attempt
     st.startTime = st.startTime or iso(r.now)
     st.admittedTime = None
@@ -453,6 +497,113 @@ def _start(r: _Run, st: StageStatus, p: StagePlan, files: StageFiles) -> None:
     if start.resume_from and files.skipped:
         r.event("Warning", C.CHECKPOINT_SKIPPED, C.CHECKPOINT_SKIPPED.message(
             stage=st.name, attempt=attempt, path=start.resume_from, skipped="; ".join(files.skipped)))
+
+
+def _elastic_of(spec: SolarRunSpec, stage: str):
+    """The stage's ``topology.elastic`` settings (its own topology, else the run's)."""
+    own = next(s for s in spec.stages if s.name == stage).topology
+    return (own or spec.topology).elastic
+
+
+def _elastic_now(st: StageStatus, p: StagePlan) -> ElasticStatus:
+    """The stage's elastic status, made at the shape its latest attempt started with (else the plan's)."""
+    if st.elastic is None:
+        nodes = st.attempts[-1].topology.nodes if st.attempts else p.nodes
+        st.elastic = ElasticStatus(nodes=nodes if elastic.shape_at(p.elastic, nodes) else p.nodes)
+    return st.elastic
+
+
+def _change_shape(r: _Run, st: StageStatus, p: StagePlan, nodes: int, reason: C.Reason, why: str,
+                  job: JobState | None, latest: int | None) -> None:
+    """Record the next attempt's node count and why (its job, when given, is deleted: a running one stops
+    after its step and saves on SIGTERM, a failed one is gone); a disruption's cost starts counting."""
+    el = _elastic_now(st, p)
+    old = el.nodes
+    message = reason.message(stage=st.name, old=elastic.describe(p, old), new=elastic.describe(p, nodes), why=why,
+                             attempt=st.attempt, shape=elastic.describe(p, nodes))
+    if job is not None:
+        r.decision.actions.append(Action("delete_job", st.name, job.name))
+    if nodes != old:
+        el.nodes, el.changedAt = nodes, iso(r.now)
+        if nodes < old:
+            el.shrinks += 1
+        else:
+            el.grows += 1
+        el.nextReason = f"{reason.name}: {why}"
+        r.decision.shape_changes.append((st.name, "shrink" if nodes < old else "grow"))
+    if reason is not C.TOPOLOGY_GROWN and el.disruptedAt is None:
+        el.disruptedAt, el.disruptedStep = iso(r.now), latest
+    el.unschedulableSince = None
+    r.stage_phase(st, "Pending")
+    st.reason, st.message = reason.name, message
+    r.condition(C.PROGRESSING, "True", reason, message)
+    r.event("Normal" if reason is C.TOPOLOGY_GROWN else "Warning", reason, message)
+
+
+def _disrupted(r: _Run, spec: SolarRunSpec, st: StageStatus, p: StagePlan, job: JobState, why: str,
+               capacity: int | None, latest: int | None) -> None:
+    """An elastic stage's attempt failed because its pods were disrupted: the next attempt resumes at
+    the largest allowed shape the cluster holds now (never larger than this one; without a capacity
+    figure, the next smaller allowed one), not counted against backoffLimit."""
+    el = _elastic_now(st, p)
+    if capacity is not None:
+        target = elastic.largest(p.elastic, at_most=min(capacity, el.nodes)) or p.elastic[-1]
+    else:
+        target = elastic.largest(p.elastic, at_most=None, below=el.nodes) or elastic.shape_at(p.elastic, el.nodes)
+    reason = C.TOPOLOGY_SHRUNK if target.nodes < el.nodes else C.STAGE_DISRUPTED
+    _change_shape(r, st, p, target.nodes, reason, f"attempt {st.attempt}'s pods were disrupted ({why})", job, latest)
+
+
+def _elastic_change(r: _Run, spec: SolarRunSpec, st: StageStatus, p: StagePlan, job: JobState, phase: str,
+                    obs: Observation, latest: int | None) -> bool:
+    """An elastic stage's live attempt: shrink when its pods stay unschedulable for shrinkAfterSeconds,
+    grow back when it runs shrunk and the cluster holds a larger allowed shape (at most one change per
+    minSecondsBetweenChanges). True when the attempt is being replaced."""
+    settings = _elastic_of(spec, st.name)
+    el = _elastic_now(st, p)
+    pods = obs.pods.get(st.name, elastic.Pods())
+    capacity = obs.capacity.get(st.name)
+    if phase != "Running":
+        if not pods.unschedulable:
+            el.unschedulableSince = None
+            return False
+        since = parse_iso(el.unschedulableSince)
+        if since is None:
+            el.unschedulableSince = iso(r.now)
+            return False
+        waited = r.now - since
+        if waited < settings.shrinkAfterSeconds:
+            return False
+        target = elastic.largest(p.elastic, at_most=capacity, below=el.nodes)
+        if target is None:
+            return False   # nothing smaller fits either: keep waiting for nodes
+        _change_shape(r, st, p, target.nodes, C.TOPOLOGY_SHRUNK,
+                      f"attempt {st.attempt}'s pods stayed unschedulable for {waited:.0f} s "
+                      f"(shrinkAfterSeconds {settings.shrinkAfterSeconds})", job, latest)
+        return True
+    if not settings.growBack or el.nodes >= p.nodes or capacity is None:
+        return False
+    changed = parse_iso(el.changedAt)
+    if changed is not None and r.now - changed < settings.minSecondsBetweenChanges:
+        return False
+    target = elastic.largest(p.elastic, at_most=capacity, above=el.nodes)
+    if target is None:
+        return False
+    _change_shape(r, st, p, target.nodes, C.TOPOLOGY_GROWN, f"the cluster holds {capacity} node"
+                  f"{'s' if capacity != 1 else ''} for it now", job, latest)
+    return True
+
+
+def _note_recovery(r: _Run, st: StageStatus, latest: int | None) -> None:
+    """A disruption's cost ends at the first checkpoint committed after it."""
+    el = st.elastic
+    if el is None or el.disruptedAt is None or latest is None:
+        return
+    if el.disruptedStep is None or latest > el.disruptedStep:
+        cost = max(0.0, r.now - (parse_iso(el.disruptedAt) or r.now))
+        el.disruptionSeconds = round(el.disruptionSeconds + cost, 3)
+        el.disruptedAt = el.disruptedStep = None
+        r.decision.disruption_costs.append((st.name, cost))
 
 
 def _note_checkpoint(r: _Run, st: StageStatus, p: StagePlan, step: int | None) -> None:

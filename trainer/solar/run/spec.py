@@ -62,9 +62,10 @@ class Topology(Doc):
                           "forecast (solar config memory) does not fit is refused before any job; without it the "
                           "forecast is only reported in the stage's status.")
     elastic: Elastic | None = Field(None, description="Training stages may continue on fewer nodes, down to "
-                                                      "minNodes, keeping the global batch with more accumulation "
-                                                      "(validated and listed by the dry runs; the operator does not "
-                                                      "shrink or grow a stage yet).")
+                                                      "minNodes, keeping the global batch with more accumulation: "
+                                                      "the operator shrinks a stage whose pods were disrupted or "
+                                                      "stay unschedulable, and grows it back when the cluster can "
+                                                      "hold a larger allowed shape (docs/elastic.md).")
 
     @property
     def world_size(self) -> int:
@@ -275,6 +276,30 @@ class StageAttempt(Doc):
     resumedFrom: int | None = Field(None, description="The checkpoint step it resumed from; none when it started "
                                                       "fresh (or was adopted, not started, by the operator).")
     startTime: str | None = None
+    reason: str | None = Field(None, description="Why the attempt started at a shape other than the last "
+                                                 "one's (elastic stages: TopologyShrunk or TopologyGrown, "
+                                                 "with what caused it).")
+    endTime: str | None = Field(None, description="When the operator saw the attempt end (its job gone or "
+                                                  "failed), for its GPU-hours.")
+    gpuHours: float | None = Field(None, description="The attempt's GPUs x the time from its start to its end "
+                                                     "(or to now while it runs), as the operator saw them.")
+
+
+class ElasticStatus(Doc):
+    """An elastic training stage's shape now and what its changes cost."""
+    nodes: int = Field(description="The node count the current (or next) attempt runs at.")
+    changedAt: str | None = Field(None, description="When the shape last changed.")
+    unschedulableSince: str | None = Field(None, description="Since when the current attempt's pods have "
+                                                             "been seen unschedulable.")
+    nextReason: str | None = Field(None, description="Why the next attempt starts at another shape (moved "
+                                                     "to that attempt's record when it starts).")
+    shrinks: int = 0
+    grows: int = 0
+    disruptedAt: str | None = Field(None, description="When the last disruption (or shrink) was seen; cleared "
+                                                      "at the next committed checkpoint step.")
+    disruptedStep: int | None = Field(None, description="The stage's newest checkpoint step then.")
+    disruptionSeconds: float = Field(0.0, description="Seconds disruptions cost so far: from each one to the "
+                                                      "next committed checkpoint step.")
 
 
 class StageStatus(Doc):
@@ -295,7 +320,9 @@ class StageStatus(Doc):
     usage: StageUsage | None = None
     attempts: list[StageAttempt] | None = Field(
         None, description="Every attempt's topology: a suspended or failed stage may resume at another shape "
-                          "with the same global batch (its GPU time per launch is in usage).")
+                          "with the same global batch (its GPU time per launch is in usage); the last 50.")
+    attemptsDropped: int | None = Field(None, description="Attempts left out of attempts[] (it keeps the last 50).")
+    elastic: ElasticStatus | None = Field(None, description="Elastic training stages (spec.topology.elastic).")
 
 
 class Condition(Doc):

@@ -1,0 +1,246 @@
+"""Elastic training stages in the state machine (issue 45 items 2, 3 and 5), pure: a stage whose pods
+were disrupted or stay unschedulable continues at a smaller allowed shape, not counted as a failure;
+one that runs shrunk grows back when the cluster holds more, at most once per minSecondsBetweenChanges;
+the status keeps each attempt's shape, reason and GPU-hours, and what the disruptions cost."""
+
+from __future__ import annotations
+
+import copy
+
+import yaml
+
+from solar.run.elastic import Pods
+from solar.run.machine import ATTEMPTS_KEPT, JobState, Observation, reconcile
+from solar.run.observe import StageFiles
+from solar.run.plan import plan_run
+from solar.run.spec import SolarRun
+from tests.conftest import REPO
+
+MANIFEST = yaml.safe_load((REPO / "examples" / "solarrun-tiny.yaml").read_text())
+T0 = 1_800_000_000.0
+
+
+def _spec(**elastic):
+    doc = copy.deepcopy(MANIFEST)
+    # 4 nodes x 2 GPUs, global batch 8: 4 nodes (accumulation 1), 2 (2) and 1 (4) keep it
+    doc["spec"]["topology"] = {"nodes": 4, "gpusPerNode": 2, "elastic": {"minNodes": 1, **elastic}}
+    doc["spec"]["runPolicy"]["backoffLimit"] = 0
+    return SolarRun.model_validate(doc).spec
+
+
+class Sim:
+    """reconcile driven like the operator: jobs, pods and capacity are what the test says."""
+
+    def __init__(self, **elastic):
+        self.spec = _spec(**elastic)
+        self.plan = plan_run(self.spec, "/runs/tiny-wan", repo=REPO, environ={})
+        self.status, self.now = None, T0
+        self.jobs: dict[str, JobState] = {}
+        self.pods: dict[str, Pods] = {}
+        self.capacity: dict[str, int] = {}
+        self.latest: int | None = None
+        self.created, self.deleted, self.events = [], [], []
+        self.changes, self.costs = [], []
+
+    def step(self, advance: float = 0.0):
+        self.now += advance
+        files = {"fm": StageFiles(exists=self.latest is not None, launched=self.latest is not None,
+                                  latest=self.latest, last_activity=self.now)}
+        obs = Observation("tiny-wan", 1, self.now, plan=self.plan, jobs=dict(self.jobs), files=files,
+                          pods=dict(self.pods), capacity=dict(self.capacity))
+        d = reconcile(self.spec, self.status, obs)
+        for a in d.actions:
+            if a.kind == "create_job":
+                self.created.append(a)
+                self.jobs[a.stage] = JobState(a.job, "Created", attempt=a.attempt)
+            else:
+                self.deleted.append(a)
+                self.jobs.pop(a.stage, None)
+        self.events += d.events
+        self.changes += d.shape_changes
+        self.costs += d.disruption_costs
+        self.status = d.status
+        return d
+
+    def set_job(self, phase, **kw):
+        job = self.jobs["fm"]
+        self.jobs["fm"] = JobState(job.name, phase, attempt=job.attempt, **kw)
+
+    @property
+    def fm(self):
+        return self.status.stage("fm")
+
+    def reasons(self):
+        return [reason for _, reason, _ in self.events]
+
+
+def test_the_plan_lists_the_allowed_shapes_and_an_attempt_at_another_shape_carries_it():
+    sim = Sim()
+    assert [(s.nodes, s.accumulation) for s in sim.plan.stage("fm").elastic] == [(4, 1), (2, 2), (1, 4)]
+    from solar.run.elastic import shaped
+
+    two = shaped(sim.plan.stage("fm"), 2)
+    assert (two.nodes, two.world_size, two.accumulation) == (2, 4, 2)
+    assert "distributed.world_size=4" in two.sets and "train.gradient_accumulation=2" in two.sets
+    assert "distributed.world_size=8" not in two.sets and "train.gradient_accumulation=1" not in two.sets
+
+
+def test_a_disrupted_attempt_shrinks_to_what_the_cluster_holds_without_spending_a_retry():
+    sim = Sim()
+    sim.step()
+    assert sim.created[-1].nodes is None                    # the declared 4 nodes
+    sim.set_job("Running")
+    sim.latest = 10
+    sim.step(60)
+    sim.set_job("Failed", message="exit code 1")
+    sim.pods["fm"] = Pods(disrupted="pod tiny-wan-fm-worker-1: node n3 NotReady")
+    sim.capacity["fm"] = 3                                  # one node lost: 3 of 4 hold a pod
+    d = sim.step(5)
+    assert [(a.kind, a.stage) for a in d.actions] == [("delete_job", "fm")]
+    assert sim.status.phase == "Running" and sim.fm.failures == 0    # backoffLimit 0, still running
+    assert sim.fm.reason == "TopologyShrunk" and sim.fm.elastic.nodes == 2 and sim.fm.elastic.shrinks == 1
+    message = sim.fm.message
+    assert "4 nodes (world 8, accumulation 1) -> 2 nodes (world 4, accumulation 2)" in message
+    assert "node n3 NotReady" in message and "not counted as a failure" in message
+    assert sim.changes == [("fm", "shrink")] and "TopologyShrunk" in sim.reasons()
+    sim.pods["fm"] = Pods(alive=1)                          # the lost node's pod is not gone yet: wait
+    d = sim.step(1)
+    assert not d.actions
+    sim.pods["fm"] = Pods()
+    d = sim.step(1)
+    create = d.actions[0]
+    assert (create.kind, create.attempt, create.nodes) == ("create_job", 2, 2)
+    assert create.resume_from == "/runs/tiny-wan/fm/checkpoints/step_00000010"
+    first, second = sim.fm.attempts
+    assert (first.topology.nodes, second.topology.nodes, second.topology.gradientAccumulation) == (4, 2, 2)
+    assert second.topology.globalBatchSize == first.topology.globalBatchSize == 8
+    assert second.reason.startswith("TopologyShrunk: attempt 1's pods were disrupted")
+    assert first.endTime is not None and first.gpuHours == round(8 * 67 / 3600, 4)
+    # the cost of the disruption ends at the first checkpoint committed after it
+    sim.set_job("Running")
+    sim.step(30)
+    assert sim.costs == [] and sim.fm.elastic.disruptedAt is not None
+    sim.latest = 11
+    sim.step(30)
+    assert sim.costs == [("fm", 62.0)] and sim.fm.elastic.disruptionSeconds == 62.0   # from 65 s to 127 s
+    assert sim.fm.elastic.disruptedAt is None
+
+
+def test_a_disruption_with_room_for_the_same_shape_retries_it_and_without_nodes_read_goes_one_smaller():
+    sim = Sim()
+    sim.step()
+    sim.latest = 4
+    sim.set_job("Failed")
+    sim.pods["fm"] = Pods(disrupted="pod tiny-wan-fm-master-0: evicted")
+    sim.capacity["fm"] = 4                                   # a spare node took its place
+    sim.step(1)
+    assert sim.fm.reason == "StageDisrupted" and sim.fm.elastic.nodes == 4 and sim.fm.failures == 0
+    sim.pods["fm"] = Pods()
+    sim.step(1)
+    assert sim.created[-1].nodes is None and sim.created[-1].attempt == 2
+    # the operator cannot read nodes (no capacity figure): the next smaller allowed shape
+    sim.set_job("Failed")
+    sim.pods["fm"] = Pods(disrupted="pod tiny-wan-fm-worker-0: DisruptionTarget (DeletionByTaintManager)")
+    del sim.capacity["fm"]
+    sim.step(1)
+    assert sim.fm.elastic.nodes == 2 and sim.fm.reason == "TopologyShrunk"
+
+
+def test_an_ordinary_failure_of_an_elastic_stage_still_counts_against_the_backoff_limit():
+    sim = Sim()
+    sim.step()
+    sim.set_job("Failed", message="exit code 1")
+    sim.pods["fm"] = Pods()                                  # no disruption: the trainer failed
+    sim.step(1)
+    assert sim.status.phase == "Failed" and sim.fm.reason == "BackoffLimitExceeded"
+
+
+def test_pods_unschedulable_for_shrink_after_seconds_shrink_the_stage_to_what_fits():
+    sim = Sim(shrinkAfterSeconds=300)
+    sim.step()
+    sim.pods["fm"] = Pods(unschedulable=True)
+    sim.capacity["fm"] = 2
+    sim.step(10)
+    assert sim.fm.elastic.unschedulableSince is not None and not sim.deleted
+    sim.step(200)
+    assert not sim.deleted                                   # 200 s < 300 s
+    sim.pods["fm"] = Pods()                                  # scheduled after all: the clock resets
+    sim.step(50)
+    assert sim.fm.elastic.unschedulableSince is None
+    sim.pods["fm"] = Pods(unschedulable=True)
+    sim.step(10)
+    sim.step(299)
+    assert not sim.deleted
+    d = sim.step(2)
+    assert [a.kind for a in d.actions] == ["delete_job"] and sim.fm.elastic.nodes == 2
+    assert "stayed unschedulable for 301 s (shrinkAfterSeconds 300)" in sim.fm.message
+    sim.pods["fm"] = Pods()
+    sim.step(1)
+    assert sim.created[-1].nodes == 2
+    # nothing smaller fits either: it keeps waiting rather than thrash
+    sim.pods["fm"] = Pods(unschedulable=True)
+    sim.capacity["fm"] = 0
+    sim.step(1)
+    sim.step(400)
+    assert len(sim.deleted) == 1
+
+
+def test_a_shrunk_stage_grows_back_when_the_cluster_holds_more_at_most_once_per_interval():
+    sim = Sim(minSecondsBetweenChanges=600)
+    sim.step()
+    sim.latest = 6
+    sim.set_job("Failed")
+    sim.pods["fm"] = Pods(disrupted="node n2 deleted")
+    sim.capacity["fm"] = 1
+    sim.step(1)
+    sim.pods["fm"] = Pods()
+    sim.step(1)
+    assert sim.created[-1].nodes == 1
+    sim.set_job("Running")
+    sim.capacity["fm"] = 4                                   # the nodes are back at once
+    sim.step(100)
+    assert len(sim.deleted) == 1                             # but the last change was 100 s ago
+    d = sim.step(500)
+    assert [a.kind for a in d.actions] == ["delete_job"]     # stops after its step and saves (SIGTERM)
+    assert sim.fm.reason == "TopologyGrown" and sim.fm.elastic.nodes == 4 and sim.fm.elastic.grows == 1
+    assert "1 node (world 2, accumulation 4) -> 4 nodes (world 8, accumulation 1)" in sim.fm.message
+    assert sim.changes == [("fm", "shrink"), ("fm", "grow")] and sim.status.phase == "Running"
+    sim.pods["fm"] = Pods(alive=1)                           # its pod is saving: no new attempt yet
+    assert not sim.step(5).actions
+    sim.pods["fm"] = Pods()
+    sim.latest = 9                                           # the checkpoint saved on stop
+    d = sim.step(5)
+    assert d.actions[0].nodes is None and d.actions[0].resume_from.endswith("step_00000009")
+    assert sim.fm.attempts[-1].reason.startswith("TopologyGrown")
+    assert sim.fm.failures == 0
+
+
+def test_grow_back_off_keeps_the_smaller_shape():
+    sim = Sim(growBack=False)
+    sim.step()
+    sim.set_job("Failed")
+    sim.pods["fm"] = Pods(disrupted="preempted")
+    sim.capacity["fm"] = 2
+    sim.step(1)
+    sim.pods["fm"] = Pods()
+    sim.step(1)
+    sim.set_job("Running")
+    sim.capacity["fm"] = 4
+    sim.step(10_000)
+    assert sim.fm.elastic.nodes == 2 and len(sim.deleted) == 1
+
+
+def test_the_attempts_list_keeps_the_last_fifty_and_counts_the_rest():
+    sim = Sim()
+    sim.step()
+    for _ in range(ATTEMPTS_KEPT + 7):
+        sim.set_job("Failed")
+        sim.pods["fm"] = Pods(disrupted="evicted")
+        sim.capacity["fm"] = 4
+        sim.step(1)
+        sim.pods["fm"] = Pods()
+        sim.step(1)
+    assert len(sim.fm.attempts) == ATTEMPTS_KEPT and sim.fm.attemptsDropped == 8
+    assert sim.fm.attempts[-1].attempt == ATTEMPTS_KEPT + 8 and sim.fm.failures == 0
+    size = len(sim.status.model_dump_json())
+    assert size < 64 * 1024   # far under the API server's 1.5 MiB object limit
