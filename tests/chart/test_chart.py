@@ -32,6 +32,7 @@ VALUE_SETS = {
     "service-monitor": {"monitoring": {"serviceMonitor": {"enabled": True, "interval": "1m"}}},
     "namespace-scoped": {"watch": {"namespaces": ["team-a", "team-b"]},
                          "monitoring": {"trainerPodMonitor": {"enabled": True}}},
+    "read-nodes": {"elastic": {"readNodes": True}, "watch": {"namespaces": ["team-a"]}},
     "custom-storage": {"storage": {"volume": {"nfs": {"server": "nfs.example", "path": "/export/runs"}},
                                    "mountPath": "/mnt/solar"},
                        "image": {"digest": "sha256:" + "ab" * 32},
@@ -149,6 +150,9 @@ RUN_RULES = {("solarwm.io", "solarruns", v) for v in ("get", "list", "watch", "p
     | {("", "events", "create"), ("events.k8s.io", "events", "create"), ("", "pods", "list")}
 DISCOVERY_RULES = {("apiextensions.k8s.io", "customresourcedefinitions", v) for v in ("list", "watch")} \
     | {("", "namespaces", v) for v in ("list", "watch")} | RUNTIME_RULES
+# elastic.readNodes (--read-nodes): capacity.View lists every node and every pod of the cluster (the GPUs
+# requested on each node), cluster-scope in both modes
+NODE_RULES = {("", "nodes", v) for v in ("get", "list", "watch")} | {("", "pods", "list")}
 
 
 def _grants(role: dict) -> set[tuple[str, str, str]]:
@@ -160,22 +164,66 @@ def _grants(role: dict) -> set[tuple[str, str, str]]:
     return out
 
 
+@pytest.mark.parametrize("read_nodes", [False, True], ids=["", "read-nodes"])
 @pytest.mark.parametrize("scoped", [False, True], ids=["cluster-wide", "namespace-scoped"])
-def test_rbac_grants_exactly_what_the_operator_uses(scoped, tmp_path):
-    docs = render(tmp_path, VALUE_SETS["namespace-scoped"] if scoped else None)
+def test_rbac_grants_exactly_what_the_operator_uses(scoped, read_nodes, tmp_path):
+    values = copy.deepcopy(VALUE_SETS["namespace-scoped"]) if scoped else {}
+    if read_nodes:
+        values["elastic"] = {"readNodes": True}
+    docs = render(tmp_path, values)
     kinds = _by_kind(docs)
     account = _only(docs, "ServiceAccount")["metadata"]
     cluster = _grants(_only(docs, "ClusterRole"))
+    nodes = NODE_RULES if read_nodes else set()
     if scoped:
-        assert cluster == DISCOVERY_RULES
+        assert cluster == DISCOVERY_RULES | nodes
         for role in kinds["Role"]:
             assert _grants(role) == RUN_RULES
     else:
-        assert cluster == DISCOVERY_RULES | RUN_RULES and "Role" not in kinds
+        assert cluster == DISCOVERY_RULES | RUN_RULES | nodes and "Role" not in kinds
     for binding in kinds["ClusterRoleBinding"] + kinds.get("RoleBinding", []):
         assert binding["subjects"] == [{"kind": "ServiceAccount", "name": account["name"],
                                         "namespace": account["namespace"]}]
         assert binding["roleRef"]["kind"] == ("Role" if binding["kind"] == "RoleBinding" else "ClusterRole")
+
+
+def _node_rules(docs: list[dict]) -> list[dict]:
+    kinds = _by_kind(docs)
+    return [rule for role in kinds["ClusterRole"] + kinds.get("Role", []) for rule in role["rules"]
+            if "nodes" in rule["resources"]]
+
+
+def _operator_args(docs: list[dict]) -> list[str]:
+    (container,) = _only(docs, "Deployment")["spec"]["template"]["spec"]["containers"]
+    return container["args"]
+
+
+@pytest.mark.parametrize("scoped", [False, True], ids=["cluster-wide", "namespace-scoped"])
+def test_nodes_are_not_read_by_default(scoped, tmp_path, monkeypatch):
+    """Without elastic.readNodes no role mentions nodes and the operator is not told to read them."""
+    monkeypatch.delenv("SOLAR_OPERATOR_READ_NODES", raising=False)
+    docs = render(tmp_path, VALUE_SETS["namespace-scoped"] if scoped else None)
+    assert _node_rules(docs) == []
+    args = _operator_args(docs)
+    assert "--read-nodes" not in args and not build_parser().parse_args(args).read_nodes
+    env = {e["name"] for e in _only(docs, "Deployment")["spec"]["template"]["spec"]["containers"][0]["env"]}
+    assert "SOLAR_OPERATOR_READ_NODES" not in env
+
+
+@pytest.mark.parametrize("scoped", [False, True], ids=["cluster-wide", "namespace-scoped"])
+def test_read_nodes_grants_nodes_cluster_wide_and_tells_the_operator(scoped, tmp_path, monkeypatch):
+    """elastic.readNodes: one ClusterRole rule for nodes (get, list, watch) in both modes, and --read-nodes."""
+    monkeypatch.delenv("SOLAR_OPERATOR_READ_NODES", raising=False)
+    values = copy.deepcopy(VALUE_SETS["namespace-scoped"]) if scoped else {}
+    values["elastic"] = {"readNodes": True}
+    docs = render(tmp_path, values)
+    assert _node_rules(docs) == [{"apiGroups": [""], "resources": ["nodes"], "verbs": ["get", "list", "watch"]}]
+    assert all("nodes" not in rule["resources"] for role in _by_kind(docs).get("Role", []) for rule in role["rules"])
+    cluster = _only(docs, "ClusterRole")["rules"]
+    pods = [rule for rule in cluster if "pods" in rule["resources"]]  # every namespace's, once
+    assert pods == [{"apiGroups": [""], "resources": ["pods"], "verbs": ["list"]}]
+    args = _operator_args(docs)
+    assert args.count("--read-nodes") == 1 and build_parser().parse_args(args).read_nodes
 
 
 @pytest.mark.parametrize("backends, default", [(["pytorchjob"], "pytorchjob"), (["trainjob"], "trainjob"),
@@ -306,6 +354,8 @@ BAD_VALUES = [
     ({"monitoring": {"grafanaDashboard": {"enabled": "yes"}}}, "/monitoring/grafanaDashboard/enabled"),
     ({"monitoring": {"podMonitor": {"enabled": True}, "serviceMonitor": {"enabled": True}}},
      "enable one of them"),
+    ({"elastic": {"readNodes": "yes"}}, "/elastic/readNodes"),
+    ({"elastic": {"readNode": True}}, "additional properties 'readNode' not allowed"),
     ({"backends": ["mpijob"]}, "/backends/0"),
     ({"backends": []}, "/backends"),
     ({"backends": ["trainjob"]}, "defaultBackend pytorchjob is not in backends"),

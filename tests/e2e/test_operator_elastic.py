@@ -8,6 +8,7 @@ command run here as one torchrun over gloo), and the node failure."""
 from __future__ import annotations
 
 import json
+from contextlib import ExitStack
 
 import pytest
 
@@ -39,16 +40,25 @@ def _latest(stage_dir):
     return int(found[-1].split("_")[1]) if found else 0
 
 
-def test_a_stage_that_loses_a_node_shrinks_grows_back_and_trains_what_two_nodes_train(wan_data, tmp_path):
+@pytest.mark.parametrize("backend", ["PyTorchJob", "TrainJob"])
+def test_a_stage_that_loses_a_node_shrinks_grows_back_and_trains_what_two_nodes_train(backend, wan_data, tmp_path):
+    """PyTorchJob, and TrainJob under a Kueue LocalQueue (every attempt held, then admitted)."""
     storage = tmp_path / "runs"
     fm = storage / "elastic" / "fm"
     logs: list = []
-    with emulated_cluster(crds("PyTorchJob"), tmp_path) as cluster:
-        world = World(cluster, storage)
-        with Nodes(world, logs) as nodes, world.operator(backends=("PyTorchJob",), read_nodes=True):
+    doc = _doc(storage, wan_data)
+    doc["spec"]["backend"] = backend
+    with emulated_cluster(crds(backend), tmp_path) as cluster, ExitStack() as stack:
+        world = World(cluster, storage, backend=backend)
+        admissions = []
+        if backend == "TrainJob":
+            world.install_runtime()
+            doc["spec"]["queueName"] = "gpus"
+            admissions = stack.enter_context(world.queue("gpus", hold=0.5))
+        with Nodes(world, logs) as nodes, world.operator(backends=(backend,), read_nodes=True):
             nodes.add("n1")
             nodes.add("n2")
-            world.apply(_doc(storage, wan_data))
+            world.apply(doc)
             wait_for(lambda: _latest(fm) >= 3, timeout=180, interval=0.05, message="two-node steps")
             nodes.kill_node("n2")
             shrunk = world.wait_status("elastic", lambda s: (s["stages"][0].get("elastic") or {}).get("nodes") == 1,
@@ -74,7 +84,10 @@ def test_a_stage_that_loses_a_node_shrinks_grows_back_and_trains_what_two_nodes_
     assert [a["topology"]["nodes"] for a in attempts] == [2, 1, 2], (attempts, [(n, w, c) for n, w, c in nodes.ran])
     assert [a["topology"]["gradientAccumulation"] for a in attempts] == [1, 2, 1]
     assert {a["topology"]["globalBatchSize"] for a in attempts} == {2}
-    assert attempts[1]["reason"].startswith("TopologyShrunk: attempt 1's pods were disrupted (pod elastic-fm-worker-0")
+    worker = "elastic-fm-worker-0" if backend == "PyTorchJob" else "elastic-fm-node-0-1"
+    assert attempts[1]["reason"].startswith(f"TopologyShrunk: attempt 1's pods were disrupted (pod {worker}")
+    if backend == "TrainJob":
+        assert len(admissions) == 3     # each attempt waited for its queue
     assert attempts[2]["reason"].startswith("TopologyGrown")
     assert all(a.get("gpuHours", 0) > 0 for a in attempts[:2])
     assert [w for _, w, _ in nodes.ran] == [2, 1, 2]

@@ -1,7 +1,8 @@
 """Nodes for the emulated cluster, and the parts nobody else plays for a PyTorchJob's pods: the
 scheduler (all of a job's pods bound to Ready nodes with free ``nvidia.com/gpu``, or the unbound ones
-left Pending with ``PodScheduled=False/Unschedulable``), the training operator (pods per replica, the
-job's Running/Succeeded/Failed conditions) and the kubelets (the job's container command run on this
+left Pending with ``PodScheduled=False/Unschedulable``), the training operators (a PyTorchJob's pods
+per replica, a TrainJob's ``numNodes`` pods once its queue admits it; the job's Running/Succeeded/
+Failed conditions) and the kubelets (the job's container command run on this
 machine as one torchrun of the job's whole world over gloo). ``kill_node`` is a node failure: the
 node turns NotReady, its pods get ``DisruptionTarget`` and fail, and the job's processes die at once
 (SIGKILL), as the other nodes' ranks do when a peer vanishes. A deleted job's torchrun gets SIGTERM
@@ -108,6 +109,8 @@ class Nodes:
                 self.world.set_job(job["name"], "Succeeded" if code == 0 else "Failed", f"exit code {code}")
         for uid, doc in live.items():
             if uid not in self.jobs:
+                if self._suspended(doc):
+                    continue
                 self._admit(uid, doc)
             job = self.jobs[uid]
             if job.get("proc") is None:
@@ -125,26 +128,46 @@ class Nodes:
             if current and current["status"].get("phase") not in ("Failed", "Succeeded"):
                 self._pod_status(pod, "Succeeded" if code == 0 else "Failed")
 
-    def _admit(self, uid: str, doc: dict) -> None:
-        """The training operator: one pod per replica (Master, Workers), labels and resources from the templates."""
+    @staticmethod
+    def _replicas(doc: dict) -> tuple[list[tuple[str, dict, dict]], int, list[str]]:
+        """A job's pods (name, labels, resources), processes per pod and container args: a PyTorchJob's
+        Master and Workers, or a TrainJob's ``numNodes`` pods of the runtime's ``node`` job (labels from
+        the operator's runtime patch, resources from ``resourcesPerNode``)."""
         name = doc["metadata"]["name"]
-        specs = doc["spec"]["pytorchReplicaSpecs"]
-        pods = []
+        if doc["kind"] == "TrainJob":
+            trainer = doc["spec"]["trainer"]
+            node = doc["spec"]["runtimePatches"][0]["trainingRuntimeSpec"]["template"]["spec"]["replicatedJobs"][0]
+            labels = node["template"]["spec"]["template"]["metadata"]["labels"]
+            pods = [(f"{name}-node-0-{i}", labels, trainer.get("resourcesPerNode") or {})
+                    for i in range(trainer["numNodes"])]
+            return pods, int(trainer["numProcPerNode"]), trainer["args"]
+        specs, pods = doc["spec"]["pytorchReplicaSpecs"], []
         for kind, replica in specs.items():
             template = replica["template"]
-            for i in range(replica.get("replicas", 1)):
-                pod = f"{name}-{kind.lower()}-{i}"
-                self._delete_pod(pod)                # the last attempt's pod of that name
-                container = template["spec"]["containers"][0]
-                self.cluster.create(self.pods_path, {"apiVersion": "v1", "kind": "Pod", "metadata": {
-                    "name": pod, "labels": template["metadata"]["labels"]},
-                    "spec": {"containers": [{"name": container["name"], "image": container["image"],
-                                             "resources": container.get("resources") or {}}]}})
-                self._pod_status(pod, "Pending")
-                pods.append(pod)
-        nproc = int(doc["spec"]["nprocPerNode"])
-        self.jobs[uid] = {"name": name, "pods": pods, "proc": None, "world": nproc * len(pods),
-                          "args": specs["Master"]["template"]["spec"]["containers"][0]["args"]}
+            container = template["spec"]["containers"][0]
+            pods += [(f"{name}-{kind.lower()}-{i}", template["metadata"]["labels"], container.get("resources") or {})
+                     for i in range(replica.get("replicas", 1))]
+        return pods, int(doc["spec"]["nprocPerNode"]), specs["Master"]["template"]["spec"]["containers"][0]["args"]
+
+    @staticmethod
+    def _suspended(doc: dict) -> bool:
+        """Held by its queue (Kueue): no pods until it is admitted."""
+        spec = doc["spec"]
+        return bool(spec.get("suspend") if doc["kind"] == "TrainJob" else (spec.get("runPolicy") or {}).get("suspend"))
+
+    def _admit(self, uid: str, doc: dict) -> None:
+        """The training operator: one pod per replica, labels and resources from the job."""
+        replicas, nproc, args = self._replicas(doc)
+        pods = []
+        for pod, labels, resources in replicas:
+            self._delete_pod(pod)                # the last attempt's pod of that name
+            self.cluster.create(self.pods_path, {"apiVersion": "v1", "kind": "Pod", "metadata": {
+                "name": pod, "labels": labels},
+                "spec": {"containers": [{"name": "trainer", "image": "solar-trainer:dev", "resources": resources}]}})
+            self._pod_status(pod, "Pending")
+            pods.append(pod)
+        self.jobs[uid] = {"name": doc["metadata"]["name"], "pods": pods, "proc": None, "world": nproc * len(pods),
+                          "args": args}
 
     def _schedule(self, job: dict, doc: dict) -> None:
         """Bind every pod of the job or none (gang); start its torchrun once all are bound."""

@@ -1,0 +1,267 @@
+"""``solar_operator.capacity``: what an elastic stage's pods say (disrupted, unschedulable, alive) and how
+many nodes could hold one of its pods, from plain Kubernetes API documents; ``View``'s cached listing."""
+
+from __future__ import annotations
+
+from solar.run.elastic import Pods
+from solar_operator import capacity
+from solar_operator.capacity import CACHE_SECONDS, View, disruption, free_nodes, quantity, stage_pods, unschedulable
+
+ATTEMPT = "example.com/attempt"  # stage_pods matches the label it is given, whatever its name
+
+
+def _pod(name: str = "p", *, phase: str = "Running", node: str | None = None, gpus: int = 0, uid: str | None = None,
+         attempt: int | None = None, conditions: tuple[dict, ...] = (), reason: str | None = None,
+         message: str | None = None) -> dict:
+    meta = {"name": name, "uid": uid or f"uid-{name}"}
+    if attempt is not None:
+        meta["labels"] = {ATTEMPT: str(attempt)}
+    spec = {"containers": [{"name": "c", "resources": {"limits": {capacity.GPU: str(gpus)}} if gpus else {}}]}
+    if node:
+        spec["nodeName"] = node
+    status = {"phase": phase, "conditions": list(conditions)}
+    if reason:
+        status["reason"] = reason
+    if message:
+        status["message"] = message
+    return {"metadata": meta, "spec": spec, "status": status}
+
+
+def _node(name: str, *, gpus: int | str = 8, ready: bool = True, cordoned: bool = False) -> dict:
+    return {"metadata": {"name": name}, "spec": {"unschedulable": True} if cordoned else {},
+            "status": {"allocatable": {capacity.GPU: str(gpus), "cpu": "64"},
+                       "conditions": [{"type": "MemoryPressure", "status": "False"},
+                                      {"type": "Ready", "status": "True" if ready else "False"}]}}
+
+
+def _nodes(*nodes: dict) -> dict[str, dict]:
+    return {n["metadata"]["name"]: n for n in nodes}
+
+
+UNSCHEDULABLE = {"type": "PodScheduled", "status": "False", "reason": "Unschedulable",
+                 "message": "0/4 nodes are available: 4 Insufficient nvidia.com/gpu."}
+
+
+# disruption
+
+
+def test_a_disruption_target_condition_names_the_pod_and_its_reason():
+    pod = _pod("job-worker-1", conditions=({"type": "DisruptionTarget", "status": "True", "reason": "PreemptionByScheduler",
+                                            "message": "preempted by team-b/big"},))
+    why = disruption(pod, None)
+    assert why is not None and "job-worker-1" in why and "PreemptionByScheduler" in why and "team-b/big" in why
+
+
+def test_a_disruption_target_condition_that_is_not_true_is_no_disruption():
+    pod = _pod(conditions=({"type": "DisruptionTarget", "status": "False", "reason": "PreemptionByScheduler"},))
+    assert disruption(pod, None) is None
+
+
+def test_an_evicted_pod_is_named_with_its_reason():
+    pod = _pod("job-master-0", phase="Failed", reason="Evicted", message="The node was low on resource: memory.")
+    why = disruption(pod, None)
+    assert why is not None and "job-master-0" in why and "Evicted" in why and "low on resource" in why
+
+
+def test_a_pod_on_a_node_that_is_gone_is_named_only_when_nodes_are_read():
+    pod = _pod("job-worker-0", node="gpu-3")
+    why = disruption(pod, _nodes(_node("gpu-1")))
+    assert why is not None and "job-worker-0" in why and "gpu-3" in why and "gone" in why
+    assert disruption(pod, None) is None
+
+
+def test_a_pod_on_a_not_ready_node_is_named_only_when_nodes_are_read():
+    pod = _pod("job-worker-0", node="gpu-1")
+    why = disruption(pod, _nodes(_node("gpu-1", ready=False)))
+    assert why is not None and "job-worker-0" in why and "gpu-1" in why and "not Ready" in why
+    assert disruption(pod, None) is None
+
+
+def test_a_healthy_pod_is_not_disrupted():
+    pod = _pod(node="gpu-1", conditions=({"type": "Ready", "status": "True"},))
+    assert disruption(pod, _nodes(_node("gpu-1"))) is None
+    assert disruption(pod, None) is None
+    assert disruption(_pod(phase="Pending"), _nodes(_node("gpu-1"))) is None  # not bound to a node yet
+
+
+def test_a_cordoned_but_ready_node_does_not_disrupt_its_pods():
+    """Cordoning stops new pods; a drain then evicts them, which says so itself (DisruptionTarget)."""
+    assert disruption(_pod(node="gpu-1"), _nodes(_node("gpu-1", cordoned=True))) is None
+
+
+# unschedulable
+
+
+def test_a_pending_pod_the_scheduler_could_not_place_is_unschedulable():
+    assert unschedulable(_pod(phase="Pending", conditions=(UNSCHEDULABLE,)))
+
+
+def test_scheduled_or_running_pods_are_not_unschedulable():
+    scheduled = {"type": "PodScheduled", "status": "True"}
+    assert not unschedulable(_pod(phase="Pending", conditions=(scheduled,)))
+    assert not unschedulable(_pod(phase="Pending"))  # not looked at by the scheduler yet
+    assert not unschedulable(_pod(phase="Running", conditions=(UNSCHEDULABLE,)))  # a stale condition
+    other = dict(UNSCHEDULABLE, reason="SchedulingGated")
+    assert not unschedulable(_pod(phase="Pending", conditions=(other,)))
+
+
+# stage_pods
+
+
+def test_alive_counts_every_attempts_pods_that_have_not_finished():
+    pods = [_pod("a1-0", attempt=1, phase="Running"), _pod("a1-1", attempt=1, phase="Succeeded"),
+            _pod("a2-0", attempt=2, phase="Pending"), _pod("a2-1", attempt=2, phase="Failed"),
+            _pod("a2-2", attempt=2, phase="Running")]
+    assert stage_pods(pods, 2, None, ATTEMPT).alive == 3
+
+
+def test_only_the_current_attempts_pods_make_the_stage_unschedulable():
+    old = _pod("a1-0", attempt=1, phase="Pending", conditions=(UNSCHEDULABLE,))
+    assert stage_pods([old, _pod("a2-0", attempt=2)], 2, None, ATTEMPT).unschedulable is False
+    new = _pod("a2-1", attempt=2, phase="Pending", conditions=(UNSCHEDULABLE,))
+    assert stage_pods([old, _pod("a2-0", attempt=2), new], 2, None, ATTEMPT).unschedulable is True
+
+
+def test_only_the_current_attempts_pods_make_the_stage_disrupted():
+    old = _pod("a1-0", attempt=1, phase="Failed", reason="Evicted")
+    assert stage_pods([old, _pod("a2-0", attempt=2)], 2, None, ATTEMPT).disrupted is None
+    new = _pod("a2-1", attempt=2, node="gpu-9")
+    why = stage_pods([old, _pod("a2-0", attempt=2), new], 2, _nodes(_node("gpu-1")), ATTEMPT).disrupted
+    assert why is not None and "a2-1" in why and "gpu-9" in why
+
+
+def test_the_attempt_is_matched_by_the_label_given():
+    pod = _pod("a2-0", attempt=2, phase="Failed", reason="Evicted")
+    assert stage_pods([pod], 2, None, ATTEMPT).disrupted is not None
+    assert stage_pods([pod], 2, None, "solarwm.io/attempt").disrupted is None  # another label: not this attempt's
+
+
+def test_without_a_current_attempt_every_pod_counts_as_current():
+    pods = [_pod("a1-0", attempt=1, phase="Pending", conditions=(UNSCHEDULABLE,)), _pod("x")]
+    assert stage_pods(pods, None, None, ATTEMPT) == Pods(alive=2, unschedulable=True, disrupted=None)
+
+
+def test_no_pods_say_nothing():
+    assert stage_pods([], 3, {}, ATTEMPT) == Pods()
+
+
+# free_nodes
+
+
+def test_ready_schedulable_nodes_with_enough_gpus_are_free():
+    nodes = [_node("a"), _node("b"), _node("small", gpus=4)]
+    assert free_nodes(nodes, [], gpus=8, own=set()) == 2
+    assert free_nodes(nodes, [], gpus=4, own=set()) == 3
+
+
+def test_not_ready_and_cordoned_nodes_are_not_free():
+    nodes = [_node("a"), _node("down", ready=False), _node("cordoned", cordoned=True)]
+    assert free_nodes(nodes, [], gpus=8, own=set()) == 1
+    no_conditions = {"metadata": {"name": "new"}, "status": {"allocatable": {capacity.GPU: "8"}}}
+    assert free_nodes([no_conditions], [], gpus=8, own=set()) == 0
+
+
+def test_nodes_without_gpus_are_not_free():
+    bare = {"metadata": {"name": "cpu"}, "status": {"conditions": [{"type": "Ready", "status": "True"}]}}
+    assert free_nodes([bare], [], gpus=1, own=set()) == 0
+
+
+def test_gpus_of_running_pods_bound_to_a_node_are_used():
+    nodes = [_node("a"), _node("b")]
+    pods = [_pod("x", node="a", gpus=4), _pod("y", node="b", gpus=8)]
+    assert free_nodes(nodes, pods, gpus=8, own=set()) == 0
+    assert free_nodes(nodes, pods, gpus=4, own=set()) == 1  # exactly enough left on a
+
+
+def test_pods_on_one_node_add_up():
+    pods = [_pod("x", node="a", gpus=2), _pod("y", node="a", gpus=3)]
+    assert free_nodes([_node("a")], pods, gpus=3, own=set()) == 1
+    assert free_nodes([_node("a")], pods, gpus=4, own=set()) == 0
+
+
+def test_finished_pods_use_no_gpus():
+    pods = [_pod("done", node="a", gpus=8, phase="Succeeded"), _pod("failed", node="b", gpus=8, phase="Failed")]
+    assert free_nodes([_node("a"), _node("b")], pods, gpus=8, own=set()) == 2
+
+
+def test_pods_not_bound_to_a_node_use_no_gpus():
+    assert free_nodes([_node("a")], [_pod("pending", phase="Pending", gpus=8)], gpus=8, own=set()) == 1
+
+
+def test_the_stages_own_pods_do_not_count_as_using_gpus():
+    pods = [_pod("mine", node="a", gpus=8, uid="u-1"), _pod("theirs", node="b", gpus=8, uid="u-2")]
+    assert free_nodes([_node("a"), _node("b")], pods, gpus=8, own={"u-1"}) == 1
+
+
+def test_gpu_requests_count_when_there_is_no_limit_and_containers_add_up():
+    pod = _pod("x", node="a")
+    pod["spec"]["containers"] = [{"name": "c1", "resources": {"requests": {capacity.GPU: "3"}}},
+                                 {"name": "c2", "resources": {"limits": {capacity.GPU: 2}}}]
+    assert free_nodes([_node("a")], [pod], gpus=3, own=set()) == 1
+    assert free_nodes([_node("a")], [pod], gpus=4, own=set()) == 0
+
+
+# quantity
+
+
+def test_quantity_reads_gpu_counts_and_anything_else_as_zero():
+    assert quantity("8") == 8 and quantity(8) == 8 and quantity("0") == 0
+    assert quantity("") == 0 and quantity(None) == 0 and quantity("lots") == 0
+
+
+# View.cluster
+
+
+class _Kube:
+    """The two listings View asks the Kube client for; every call counted, each answer a new list."""
+
+    def __init__(self) -> None:
+        self.calls: list[str] = []
+
+    def list_nodes(self) -> list[dict]:
+        self.calls.append("nodes")
+        return [_node(f"n{len(self.calls)}")]
+
+    def list_all_pods(self) -> list[dict]:
+        self.calls.append("pods")
+        return [_pod(f"p{len(self.calls)}")]
+
+
+class _Clock:
+    def __init__(self) -> None:
+        self.now = 1000.0
+
+    def __call__(self) -> float:
+        return self.now
+
+
+def test_without_read_nodes_the_cluster_is_unknown_and_nothing_is_listed():
+    kube = _Kube()
+    view = View(kube, read_nodes=False, clock=_Clock())
+    assert view.cluster() is None and view.cluster(fresh=True) is None
+    assert kube.calls == []
+
+
+def test_the_cluster_listing_is_cached_for_cache_seconds():
+    kube, clock = _Kube(), _Clock()
+    view = View(kube, read_nodes=True, clock=clock)
+    first = view.cluster()
+    assert kube.calls == ["nodes", "pods"]
+    nodes, pods = first
+    assert [n["metadata"]["name"] for n in nodes] == ["n1"] and [p["metadata"]["name"] for p in pods] == ["p2"]
+    clock.now += CACHE_SECONDS - 0.01
+    assert view.cluster() == first and len(kube.calls) == 2
+    clock.now += 0.01
+    again = view.cluster()
+    assert len(kube.calls) == 4 and again != first
+
+
+def test_fresh_lists_again_within_the_cache_and_refreshes_it():
+    kube, clock = _Kube(), _Clock()
+    view = View(kube, read_nodes=True, clock=clock)
+    first = view.cluster()
+    clock.now += 0.5
+    fresh = view.cluster(fresh=True)
+    assert len(kube.calls) == 4 and fresh != first
+    clock.now += CACHE_SECONDS - 0.01  # within the fresh listing's time: it is the one kept
+    assert view.cluster() == fresh and len(kube.calls) == 4
