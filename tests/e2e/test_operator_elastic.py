@@ -12,6 +12,7 @@ from contextlib import ExitStack
 
 import pytest
 
+from solar_operator import metrics
 from tests.e2e.helpers import steps, train
 from tests.integration.nodes import Nodes
 from tests.integration.world import World, crds, load_case
@@ -35,6 +36,13 @@ def _doc(storage, data):
     return doc
 
 
+def _elastic_metrics() -> tuple[float, float, float]:
+    get = metrics.REGISTRY.get_sample_value
+    return (get("solar_stage_shape_changes_total", {"direction": "shrink"}) or 0.0,
+            get("solar_stage_shape_changes_total", {"direction": "grow"}) or 0.0,
+            get("solar_stage_disruption_seconds_total") or 0.0)
+
+
 def _latest(stage_dir):
     found = sorted(p.name for p in (stage_dir / "checkpoints").glob("step_*") if (p / "COMPLETE.json").is_file())
     return int(found[-1].split("_")[1]) if found else 0
@@ -48,6 +56,7 @@ def test_a_stage_that_loses_a_node_shrinks_grows_back_and_trains_what_two_nodes_
     logs: list = []
     doc = _doc(storage, wan_data)
     doc["spec"]["backend"] = backend
+    before = _elastic_metrics()
     with emulated_cluster(crds(backend), tmp_path) as cluster, ExitStack() as stack:
         world = World(cluster, storage, backend=backend)
         admissions = []
@@ -96,6 +105,9 @@ def test_a_stage_that_loses_a_node_shrinks_grows_back_and_trains_what_two_nodes_
     assert (el["shrinks"], el["grows"], el["nodes"]) == (1, 1, 2) and el["disruptionSeconds"] > 0
     assert fm_status["failures"] == 0
     assert "TopologyShrunk" in reasons and "TopologyGrown" in reasons and "StageRetrying" not in reasons
+    after = _elastic_metrics()   # the operator's registry (it ran in this process): the same as the status
+    assert (after[0] - before[0], after[1] - before[1]) == (1, 1)
+    assert after[2] - before[2] == pytest.approx(el["disruptionSeconds"], abs=0.01)
 
     # the uninterrupted two-node run of the same plan
     ref = tmp_path / "reference"

@@ -361,6 +361,8 @@ TOPICS = {
     "reconcile latency p99": ("solar_operator_reconcile_duration_seconds", r"histogram_quantile\(0\.99,"),
     "stage transitions": ("solar_run_stage_transitions_total", r""),
     "stage failures": ("solar_run_stage_failures_total", r"\bby\s*\([^)]*\berror_type\b"),
+    "elastic shape changes": ("solar_stage_shape_changes_total", r"\bby\s*\([^)]*\bdirection\b"),
+    "elastic disruption time": ("solar_stage_disruption_seconds_total", r""),
 }
 
 
