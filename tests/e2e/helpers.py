@@ -2,14 +2,18 @@
 
 from __future__ import annotations
 
+import html
 import json
 import os
+import re
+import shutil
 import subprocess
 import sys
 from pathlib import Path
 
 from tests.conftest import CONFIGS, REPO
 
+BROWSER = shutil.which("chromium") or shutil.which("chromium-browser")
 TINY = {
     "wan22_ti2v_5b": CONFIGS / "tiny" / "wan22_ti2v_5b" / "train_stage0p5_fm_81f.yaml",
     "wan22_i2v_a14b": CONFIGS / "tiny" / "wan22_i2v_a14b" / "train_stage0p5_fm_81f.yaml",
@@ -58,3 +62,16 @@ def steps(run: Path, rank: int = 0) -> list[dict]:
 
 def result(run: Path) -> dict:
     return json.loads((run / "run-result.json").read_text())
+
+
+def laid_out(source: str, script: str, tmp_path: Path) -> dict:
+    """What headless Chromium laid out of an HTML page: ``script`` (added to a copy of the page, whose
+    own source has no script) writes JSON into ``<pre id="measured">``, which --dump-dom prints."""
+    measured = tmp_path / "measured.html"
+    measured.write_text(source.replace("</body>", script + "</body>"))
+    dom = subprocess.run([BROWSER, "--headless", "--no-sandbox", "--disable-gpu", "--hide-scrollbars",
+                          "--window-size=1200,1800", "--virtual-time-budget=10000", "--dump-dom", measured.as_uri()],
+                         capture_output=True, text=True, timeout=120)
+    found = re.search(r'<pre id="measured">(.*?)</pre>', dom.stdout, re.S)
+    assert dom.returncode == 0 and found, dom.stderr[-2000:]
+    return json.loads(html.unescape(found.group(1)))

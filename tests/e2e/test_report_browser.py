@@ -7,10 +7,8 @@ text) and the assertions read that, not the HTML source."""
 
 from __future__ import annotations
 
-import html
 import json
 import re
-import shutil
 import subprocess
 import sys
 from pathlib import Path
@@ -18,11 +16,10 @@ from pathlib import Path
 import pytest
 
 from tests.conftest import CONFIGS, REPO
-from tests.e2e.helpers import env, infer, train
+from tests.e2e.helpers import BROWSER, env, infer, laid_out, train
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(300)]
 WAN = CONFIGS / "tiny" / "wan22_ti2v_5b"
-BROWSER = shutil.which("chromium") or shutil.which("chromium-browser")
 
 # Added to a copy of the report (the report itself has no script): once the page has loaded, what
 # the browser drew, as JSON in <pre id="measured">, which --dump-dom prints.
@@ -98,14 +95,7 @@ def _reported(run: Path, tmp_path: Path) -> tuple[dict, str, dict]:
     _ok(_solar("report", str(run), "--html", str(page)))
     source = page.read_text()
     assert "<script" not in source  # the report is static; the measuring script goes into a copy
-    measured = tmp_path / "measured.html"
-    measured.write_text(source.replace("</body>", MEASURE + "</body>"))
-    dom = subprocess.run([BROWSER, "--headless", "--no-sandbox", "--disable-gpu", "--hide-scrollbars",
-                          "--window-size=1200,1800", "--virtual-time-budget=10000", "--dump-dom", measured.as_uri()],
-                         capture_output=True, text=True, timeout=120)
-    found = re.search(r'<pre id="measured">(.*?)</pre>', dom.stdout, re.S)
-    assert dom.returncode == 0 and found, dom.stderr[-2000:]
-    return report, text, json.loads(html.unescape(found.group(1)))
+    return report, text, laid_out(source, MEASURE, tmp_path)
 
 
 def _overlap(a, b) -> bool:

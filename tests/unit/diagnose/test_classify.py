@@ -165,3 +165,43 @@ def test_a_killed_process_on_this_host_is_a_crash(tmp_path):
     assert not os.path.exists(f"/proc/{doc['pid']}")
     d = _diagnose(run)
     assert (d.kind, d.first_bad["rank"], d.first_bad["step"]) == ("crashed", 0, 3)
+
+
+def _resumed_at_world_1(tmp_path) -> RunDir:
+    """Launch 1 at world 2 lost rank 0 (rank 1 recorded a peer error and failed); launch 2 resumed at
+    world 1. Every launch appends to the same per-rank files."""
+    run = RunDir(tmp_path / "run", world=2)
+    (run.root / "launches").mkdir()
+    (run.root / "launches" / "0001-launch-manifest.json").write_text(json.dumps({
+        "schema": "solar.launch.v1", "action": "train", "name": "t", "route": "r",
+        "topology": {"world_size": 1, "logical_dp_world_size": 1}}))
+    run.heartbeat(1, phase="failed", step=6, seq=30, age=60, failed_in="backward")
+    run.events(1, {"event": "start", "world": 2}, {"event": "step", "step": 5},
+               {"event": "error", "error_type": "error", "message": "Connection reset by peer"})
+    run.events(0, {"event": "start", "world": 2}, {"event": "step", "step": 5},
+               {"event": "error", "error_type": "error", "message": "an earlier launch's own error"},
+               {"event": "start", "world": 1}, {"event": "step", "step": 6})
+    return run
+
+
+def test_what_an_earlier_launch_left_is_not_evidence_of_the_latest(tmp_path):
+    """A run resumed at a smaller world size (an elastic shrink, a resume on fewer GPUs) and completed
+    is healthy: the larger launch's extra ranks and every rank's events before its last start are not
+    its evidence."""
+    run = _resumed_at_world_1(tmp_path)
+    run.heartbeat(0, phase="complete", step=8, seq=50, age=5)
+    run.events(0, {"event": "step", "step": 8})
+    run.result("complete", final={"step": 8})
+    d = _diagnose(run)
+    assert (d.status, d.kind) == ("healthy", "healthy") and "step 8" in d.summary
+    assert failure_summary(run.root) is None
+
+
+def test_the_latest_launchs_own_failure_is_still_found(tmp_path):
+    run = _resumed_at_world_1(tmp_path)
+    run.heartbeat(0, phase="failed", step=7, seq=50, age=5, failed_in="forward")
+    run.events(0, {"event": "error", "error_type": "oom", "message": "CUDA out of memory at step 7"})
+    run.result("failed", error_type="oom", message="CUDA out of memory at step 7")
+    d = _diagnose(run)
+    assert (d.status, d.kind) == ("failed", "oom") and d.first_bad["rank"] == 0
+    assert "earlier launch" not in " ".join(line.text for line in d.evidence)

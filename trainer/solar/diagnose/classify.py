@@ -346,7 +346,7 @@ def _intended_slots(ev: Evidence, generation: bool = False) -> int | None:
 def _outputs_problem(ev: Evidence, *, finished: bool) -> Diagnosis | None:
     if not finished:
         return None
-    dp = int(((ev.launch or {}).get("topology") or {}).get("logical_dp_world_size") or 1)
+    dp = int(ev.topology.get("logical_dp_world_size") or 1)
     stopped = (ev.result or {}).get("status") == "stopped"
     for out in ev.outputs:
         if out.complete or (stopped and out.step is None):  # a stopped `solar infer`: its next launch finishes it

@@ -98,6 +98,7 @@ class Evidence:
     partial_checkpoints: list[str]
     outputs: list[OutputState]
     now: float
+    current: dict | None = None  # the latest launch's manifest (launches/NNNN-...; else ``launch``)
 
     def rel(self, path: Path) -> str:
         try:
@@ -106,9 +107,13 @@ class Evidence:
             return str(path)
 
     @property
+    def topology(self) -> dict:
+        """The latest launch's topology (a resume may run at another shape than the first launch)."""
+        return (self.current or self.launch or {}).get("topology") or {}
+
+    @property
     def world(self) -> int:
-        topo = (self.launch or {}).get("topology") or {}
-        return int(topo.get("world_size") or max(len(self.ranks), 1))
+        return int(self.topology.get("world_size") or max(len(self.ranks), 1))
 
 
 def _json(path: Path) -> dict | None:
@@ -193,8 +198,35 @@ def gather(run_dir: str | os.PathLike, *, now: float) -> Evidence:
                 first, lines = _tail_lines(path, 64 * 1024)
                 start = (first or 1) + max(len(lines) - LOG_TAIL_LINES, 0)
                 r.log_tail = list(enumerate(lines[-LOG_TAIL_LINES:], start=start))
+    current = _current_launch(root) or launch
+    _latest_launch_only(ranks, (current or {}).get("topology") or {})
     listed = ckpt.list_checkpoints(root)
     checkpoints = [c for c in listed if not Path(c["path"]).name.startswith(".")]
     partial = [Path(c["path"]).name for c in listed if Path(c["path"]).name.startswith(".")]
     return Evidence(root, launch, _json(root / "resolved-config.json"), _json(root / "run-result.json"), ranks,
-                    checkpoints, partial, _outputs(root), now)
+                    checkpoints, partial, _outputs(root), now, current)
+
+
+def _current_launch(root: Path) -> dict | None:
+    """The newest later launch's manifest (``launches/NNNN-launch-manifest.json``), if any."""
+    later = sorted((root / "launches").glob("*-launch-manifest.json")) if (root / "launches").is_dir() else []
+    for path in reversed(later):
+        doc = _json(path)
+        if doc is not None:
+            return doc
+    return None
+
+
+def _latest_launch_only(ranks: dict[int, Rank], topology: dict) -> None:
+    """Every launch appends to the same per-rank files: what an earlier launch left is not evidence
+    of the latest one. Ranks at or above the latest launch's world size are an earlier, larger
+    launch's (dropped); each rank's events start at its last ``start`` event (when the tail read holds
+    none, the whole tail came after it)."""
+    world = topology.get("world_size")
+    if isinstance(world, int) and world > 0:
+        for rank in [r for r in ranks if r >= world]:
+            del ranks[rank]
+    for r in ranks.values():
+        starts = [i for i, (_, e) in enumerate(r.events) if e.get("event") == "start"]
+        if starts:
+            r.events = r.events[starts[-1]:]

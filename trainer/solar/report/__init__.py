@@ -2,9 +2,9 @@
 (``solar.report.v1``), text, and one self-contained HTML page (``html.py``: inline SVG plots and
 validation thumbnails as data URIs; the wording of values both pages share). Besides the numbers it
 lists every launch of the run directory (where each began on the step axis, how, what it changed
-and how its attempt ended) so that resumes are marked, and the Stage2 student's series beside the
-critic's. Torch-free; thumbnails need PyAV and Pillow (the trainer extra) and are left out, with a
-note, without them.
+and how its attempt ended) so that resumes are marked, the run's shape over time with the time each
+interruption cost (``shape.py``), and the Stage2 student's series beside the critic's. Torch-free;
+thumbnails need PyAV and Pillow (the trainer extra) and are left out, with a note, without them.
 """
 
 from __future__ import annotations
@@ -19,7 +19,9 @@ from solar.diagnose import diagnose_dir
 from solar.diagnose.classify import jsonable
 from solar.diagnose.evidence import gather
 from solar.errors import SolarError
-from solar.report.html import code_text, environment_text, final_text, launch_text, weights_text
+from solar.report import shape
+from solar.report.html import (code_text, environment_text, final_text, interruption_text,
+                               launch_text, lost_text, shape_text, weights_text)
 
 SCHEMA = "solar.report.v1"
 
@@ -92,24 +94,25 @@ def _launches(root: Path, events: list[dict], usage: dict | None) -> list[dict]:
     launches/NNNN-launch-manifest.json), where it began on the step axis (rank 0's `start` events, in
     the same order, and the steps after each), how it started (init mode and sources), what changed
     from the launch before (topology, recorded config changes) and how its attempt ended
-    (run-result.json's usage, matched by time)."""
+    (run-result.json's usage, matched by time and world size: a launch killed outright records no
+    attempt, and the next may have begun within the seconds the time match allows)."""
     records = [root / "launch-manifest.json", *sorted((root / "launches").glob("*-launch-manifest.json"))]
-    starts = [i for i, e in enumerate(events) if e.get("event") == "start"]
+    parts = shape.segments(events)
     attempts = [a for a in (usage or {}).get("attempts") or [] if isinstance(a, dict)]
     out, previous, done = [], None, 0
     for n, record in enumerate(records):
         manifest = _json(record) if record.is_file() else None
         if manifest is None:
             continue
-        begin = starts[n] if n < len(starts) else None
-        end = starts[n + 1] if n + 1 < len(starts) else len(events)
-        ran = [e["step"] for e in events[begin:end] if e.get("event") == "step" and isinstance(e.get("step"), int)] \
-            if begin is not None else []
-        started = events[begin].get("time") if begin is not None else None
+        part = parts[n] if n < len(parts) else []
+        ran = [e["step"] for e in part if e.get("event") == "step" and isinstance(e.get("step"), int)]
+        started = part[0].get("time") if part else None
         topology = manifest.get("topology") or {}
         init = manifest.get("init") or {}
+        world = topology.get("world_size")
         attempt = next((a for a in attempts if started is not None and _epoch(a.get("started")) is not None
-                        and _epoch(a["started"]) - 2 <= started <= (_epoch(a.get("ended")) or math.inf) + 2), None)
+                        and _epoch(a["started"]) - 2 <= started <= (_epoch(a.get("ended")) or math.inf) + 2
+                        and (world is None or a.get("world_size") in (None, world))), None)
         if attempt is not None:
             attempts.remove(attempt)
         out.append({
@@ -164,6 +167,7 @@ def build(run_dir: str | os.PathLike) -> dict:
     events = _events(root)
     series = _series(events)
     outputs = _outputs(ev)
+    launches = _launches(root, events, result.get("usage"))
     diagnosis_doc = diagnosis.as_dict()
     if ev.launch.get("action") == "infer":  # an inference run has no training step: say what it generated
         diagnosis_doc["summary"] = _generation_summary(diagnosis_doc, outputs)
@@ -197,7 +201,8 @@ def build(run_dir: str | os.PathLike) -> dict:
         "partial_checkpoints": ev.partial_checkpoints,
         "outputs": outputs,
         "series": series,
-        "launches": _launches(root, events, result.get("usage")),
+        "launches": launches,
+        "shape": shape.build(root, events, launches, running=diagnosis.status == "running"),
         "diagnosis": diagnosis_doc,
         "not_verified": not_verified,
     })
@@ -238,6 +243,12 @@ def render_text(report: dict) -> str:
                      f"launch(es): {attempts}")
     if len(report["launches"]) > 1:
         lines += [f"  launch {launch['launch']}: {launch_text(launch)}" for launch in report["launches"]]
+        run_shape = report.get("shape") or {}
+        lines += [f"  shape: launch {s['launch']}: {shape_text(s)}" for s in run_shape.get("launches") or []]
+        lines += [f"  interruption after launch {g['after_launch']}: {interruption_text(g)}"
+                  for g in run_shape.get("interruptions") or []]
+        if run_shape.get("interruptions"):
+            lines.append(f"  time lost to interruptions: {lost_text(run_shape)}")
     valid = [c for c in report["checkpoints"] if c["valid"]]
     if report["checkpoints"] or report["partial_checkpoints"] or report["action"] != "infer":
         lines.append(f"  checkpoints: {len(valid)} verified of {len(report['checkpoints'])}"

@@ -5,7 +5,9 @@ Every plot's labels are placed inside its canvas (widths estimated from the font
 are integers, noisy curves (loss, grad norm) are drawn raw (faint) under their EMA (the weight is in
 the legend), later launches (resumes, relaunches, topology changes) are marked on every step axis,
 overlapping checkpoint labels are thinned (each square keeps its step as a tooltip), and a plot
-with no data is left out. The wording of values (environment, weights, final numbers, launches) is
+with no data is left out. A run of several launches also gets its shape over wall time: each
+launch's world size as a step, each interruption shaded with the seconds it cost (``shape.py``).
+The wording of values (environment, weights, final numbers, launches, interruptions) is
 shared with the text report, which imports it from here; a value that was not recorded is left out
 or said to be "not recorded", never printed as None."""
 
@@ -110,6 +112,64 @@ def launch_text(launch: dict) -> str:
              else f"no step recorded (would have begun at step {launch['at_step']})")
     return (f"{how}, {steps}" + (f"; topology {', '.join(changes)}" if changes else "")
             + (f"; config {', '.join(config)}" if config else "") + (f"; {ended}" if ended else ""))
+
+
+def _seconds(value) -> str:
+    return f"{value:.1f} s"
+
+
+def world_text(s: dict) -> str:
+    """A launch's world size, with its nodes x ranks per node where a checkpoint recorded them."""
+    if s["world_size"] is None:
+        return "world not recorded"
+    nodes = s.get("nodes")
+    return f"world {s['world_size']}" + (f" ({nodes} node{'s' if nodes != 1 else ''} x {s['ranks_per_node']})"
+                                         if nodes else "")
+
+
+def end_text(end: str, error_type: str | None = None) -> str:
+    return f"failed ({error_type})" if end == "failed" and error_type else end
+
+
+def shape_text(s: dict) -> str:
+    """A launch on the time axis (``shape.launch_shape``): world, steps, how long it ran, how it ended."""
+    steps = (f"steps {s['first_step']}-{s['last_step']}" if s["first_step"] is not None else "no step recorded")
+    ran = (f" in {_seconds(s['ended'] - s['started'])}" if s["started"] is not None and s["ended"] is not None
+           else "")
+    return f"{world_text(s)}, {steps}{ran}, {end_text(s['end'], s['error_type'])}"
+
+
+def interruption_text(g: dict) -> str:
+    """An interruption (``shape.interruptions``): how the launch before it ended, where, what was
+    repeated and how long until a later launch trained past the newest checkpoint."""
+    where = (f"after step {g['last_step']}" if g.get("last_step") is not None else "before its first step") \
+        + (f" (checkpoint {g['durable_step']})" if g["durable_step"] else " (no checkpoint)")
+    redone = g["steps_redone"]
+    parts = [f"{end_text(g['previous_end'], g['error_type'])} {where}",
+             f"{redone} step{'s' if redone != 1 else ''} redone" if redone else "no step redone"]
+    if g["recovered_step"] is None:
+        past = f"past step {g['durable_step']}" if g["durable_step"] else "a step"
+        return f"{parts[0]}: not recovered (no later launch trained {past})"
+    until = f"until step {g['recovered_step']} in launch {g['resumed_by']}"
+    parts.append(f"{_seconds(g['seconds'])} {until}" if g["seconds"] is not None else f"{until} (time not recorded)")
+    through = g["through"]
+    if through:
+        parts.append(f"launch{'es' if len(through) > 1 else ''} {', '.join(map(str, through))} ended before "
+                     f"getting there")
+    return f"{parts[0]}: " + ", ".join(parts[1:])
+
+
+def lost_text(shape_doc: dict) -> str:
+    """The seconds all interruptions cost, by how the launch before each ended (``shape.build``)."""
+    gaps = shape_doc["interruptions"]
+    counted = [g for g in gaps if g["seconds"] is not None]
+    left = len(gaps) - len(counted)
+    if not counted:
+        return f"none counted ({left} interruption{'s' if left != 1 else ''} not recovered or not timed)"
+    by_end = ", ".join(f"{end} {_seconds(seconds)}" for end, seconds in shape_doc["lost_by_end"].items())
+    text = f"{_seconds(shape_doc['lost_seconds'])} in {len(counted)} interruption{'s' if len(counted) != 1 else ''}" \
+        f" ({by_end})"
+    return text + (f"; {left} more not counted (not recovered or not timed)" if left else "")
 
 
 # -- plots ------------------------------------------------------------------------------------------
@@ -333,6 +393,94 @@ def timeline(checkpoints: list[dict], validations: list[dict], launches: list[di
     return "".join(parts) + "</svg>"
 
 
+def _time_unit(span: float) -> tuple[str, float]:
+    """Seconds for up to 10 minutes, minutes up to 10 hours, hours beyond: integer ticks in each."""
+    return ("s", 1.0) if span <= 600 else ("min", 60.0) if span <= 36000 else ("h", 3600.0)
+
+
+def shape_chart(shape_doc: dict) -> str:
+    """The run's shape over wall time: each launch a step of its world size from its start to its
+    last event (labelled above the plot with its nodes where known and how it ended; the full line
+    is its tooltip), each interruption shaded red from the end of the launch before it to the step
+    that got past the newest checkpoint, labelled with the seconds it cost. "" with fewer than two
+    launches or none whose times were recorded."""
+    placed = [s for s in shape_doc["launches"] if s["started"] is not None and s["ended"] is not None]
+    if len(shape_doc["launches"]) < 2 or not placed:
+        return ""
+    gaps = [g for g in shape_doc["interruptions"] if g["began"] is not None]
+    t0 = min(s["started"] for s in placed)
+    t1 = max([s["ended"] for s in placed] + [g["recovered_at"] for g in gaps if g["recovered_at"] is not None])
+    unit, scale = _time_unit(t1 - t0)
+    span = max((t1 - t0) / scale, 1e-9)
+    top_world = max([1, *(s["world_size"] for s in placed if s["world_size"] is not None)])
+    yticks = int_ticks(0, top_world, 4)
+    w, h = TIMELINE_W, 200
+    left = 10 + max(_width(str(t)) for t in yticks) + 6
+    right, top, bottom = w - 24, 58, h - 40  # two label rows above the plot: launches, interruptions
+
+    def sx(t):
+        return left + (t - t0) / scale / span * (right - left)
+
+    def sy(world):
+        return bottom - world / top_world * (bottom - top)
+
+    first = min(placed, key=lambda s: s["started"])["launch"]
+    parts = [f'<svg class="shape" role="img" aria-label="run shape over time" viewBox="0 0 {w} {h}" width="{w}" '
+             f'height="{h}" xmlns="http://www.w3.org/2000/svg">',
+             f'<text x="{w / 2}" y="16" text-anchor="middle" class="title">world size over wall time: launches (blue)'
+             f' and interruptions (red, with the time each cost)</text>',
+             f'<line x1="{left}" y1="{bottom}" x2="{right}" y2="{bottom}" class="axis"/>',
+             f'<line x1="{left}" y1="{top}" x2="{left}" y2="{bottom}" class="axis"/>']
+    for v in yticks:
+        parts.append(f'<line x1="{left - 4}" y1="{sy(v):.1f}" x2="{right}" y2="{sy(v):.1f}" class="grid"/>'
+                     f'<text class="ytick" x="{left - 6}" y="{sy(v) + 4:.1f}" text-anchor="end">{v}</text>')
+    for t in int_ticks(0, span, _fitting(span, right - left)):
+        x = left + t / span * (right - left)
+        parts.append(f'<line x1="{x:.1f}" y1="{bottom}" x2="{x:.1f}" y2="{bottom + 3}" class="axis"/>'
+                     f'<text class="xtick" x="{x:.1f}" y="{bottom + 15}" text-anchor="middle">{t}</text>')
+    parts.append(f'<text x="{(left + right) / 2}" y="{h - 5}" text-anchor="middle" class="label">wall time since '
+                 f'launch {first} began ({unit})</text>')
+    gap_labels = []
+    for g in gaps:
+        x0 = sx(g["began"])
+        x1 = sx(g["recovered_at"]) if g["recovered_at"] is not None else right
+        text = _seconds(g["seconds"]) if g["seconds"] is not None else "not recovered"
+        gap_labels.append(((x0 + x1) / 2, text))
+        parts.append(f'<g class="interruption" data-after="{g["after_launch"]}"><title>interruption after launch '
+                     f'{g["after_launch"]}: {_esc(interruption_text(g))}</title><rect x="{x0:.1f}" y="{top}" '
+                     f'width="{max(x1 - x0, 2):.1f}" height="{bottom - top}" fill="{LAUNCH}" fill-opacity="0.15"/></g>')
+    step, launch_labels = [], []
+    for s in sorted(placed, key=lambda s: s["started"]):
+        x0, x1, world = sx(s["started"]), max(sx(s["ended"]), sx(s["started"]) + 2), s["world_size"]
+        launch_labels.append(((x0 + x1) / 2, f"launch {s['launch']}: {world_text(s)}, {end_text(s['end'])}"))
+        if world is None:
+            continue
+        y = sy(world)
+        step += [f"{x0:.1f},{bottom}", f"{x0:.1f},{y:.1f}", f"{x1:.1f},{y:.1f}", f"{x1:.1f},{bottom}"]
+        parts.append(f'<g class="shape-launch" data-launch="{s["launch"]}" data-world="{world}"><title>launch '
+                     f'{s["launch"]}: {_esc(shape_text(s))}</title><rect x="{x0:.1f}" y="{y:.1f}" '
+                     f'width="{x1 - x0:.1f}" height="{bottom - y:.1f}" fill="#2563eb" fill-opacity="0.15"/></g>')
+    parts.append(f'<polyline class="world" points="{" ".join(step)}" fill="none" stroke="#2563eb" stroke-width="2"/>')
+    parts += [f'<text class="launch-label" x="{x:.1f}" y="34" text-anchor="middle">{_esc(t)}</text>'
+              for x, t in _thin(launch_labels, 0, w)]
+    parts += [f'<text class="marker-label" x="{x:.1f}" y="50" text-anchor="middle">{_esc(t)}</text>'
+              for x, t in _thin(gap_labels, 0, w)]
+    return "".join(parts) + "</svg>"
+
+
+def _shape_section(report: dict) -> str:
+    """The run's shape over time and what its interruptions cost, drawn and in words (more than one launch)."""
+    doc = report.get("shape") or {}
+    if len(report["launches"]) < 2 or not doc.get("launches"):
+        return ""
+    items = [f"<li>interruption after launch {g['after_launch']}: {_esc(interruption_text(g))}</li>"
+             for g in doc["interruptions"]]
+    if doc["interruptions"]:
+        items.append(f"<li>time lost to interruptions: {_esc(lost_text(doc))}</li>")
+    return (f"<h2>Shape over time</h2>{shape_chart(doc)}"
+            + (f'<ul class="interruptions">{"".join(items)}</ul>' if items else ""))
+
+
 def thumbnail(video: Path, width: int = 320) -> str | None:
     """The middle frame of a video as a PNG data URI (None when it cannot be decoded)."""
     try:
@@ -399,7 +547,8 @@ h3{font-size:14px;margin:14px 0 4px} h4{font-size:13px;font-weight:600;margin:4p
 table{border-collapse:collapse} td,th{padding:3px 10px 3px 0;text-align:left;vertical-align:top}
 .launches td,.launches th{border-bottom:1px solid #eee}
 .plots{display:grid;grid-template-columns:repeat(2,1fr);gap:12px}
-.plot text{font-size:11px;fill:#333}.plot .title{font-size:13px;font-weight:600}.plot .marker-label{fill:#dc2626}
+.plot text,.shape text{font-size:11px;fill:#333}.plot .title,.shape .title{font-size:13px;font-weight:600}
+.plot .marker-label,.shape .marker-label{fill:#dc2626}.shape .launch-label{fill:#1d4ed8}
 .axis{stroke:#333;stroke-width:1}.grid{stroke:#e5e7eb;stroke-width:1}
 .passes{display:flex;gap:8px 24px;flex-wrap:wrap}
 .thumbs{display:flex;gap:10px;flex-wrap:wrap} figure{margin:0} figcaption{font-size:12px;color:#444}
@@ -464,12 +613,16 @@ def _plots(report: dict) -> str:
     return "".join(plots)
 
 
-def _launch_table(launches: list[dict]) -> str:
+def _launch_table(report: dict) -> str:
+    launches = report["launches"]
     if len(launches) < 2:
         return ""
-    rows = "".join(f"<tr><td>{n['launch']}</td><td>{_esc(launch_text(n))}</td></tr>" for n in launches)
+    shapes = {s["launch"]: s for s in (report.get("shape") or {}).get("launches") or []}
+    rows = "".join(f"<tr><td>{n['launch']}</td><td>{_esc(launch_text(n))}</td><td>"
+                   f"{_esc(shape_text(shapes[n['launch']])) if n['launch'] in shapes else 'not recorded'}</td></tr>"
+                   for n in launches)
     return f'<h2>Launches</h2><table class="launches"><tr><th>launch</th><th>how it began, steps, changes, end' \
-           f'</th></tr>{rows}</table>'
+           f'</th><th>world, steps, wall time, how it ended</th></tr>{rows}</table>'
 
 
 def page(report: dict) -> str:
@@ -485,6 +638,6 @@ def page(report: dict) -> str:
             f"{_esc(report['name'])}</title><style>{CSS}</style></head><body>"
             f"<h1>{_esc(report['name'])}</h1><p>{_esc(report['run_dir'])}</p><table>{table}</table>"
             + (f"<h2>Training curves</h2><div class=\"plots\">{plots}</div>" if plots else "")
-            + (f"<h2>Timeline</h2>{line}" if line else "") + _launch_table(report["launches"])
+            + (f"<h2>Timeline</h2>{line}" if line else "") + _shape_section(report) + _launch_table(report)
             + f"<h2>{outputs}</h2>{_thumbnails(report)}<h2>Diagnosis</h2>{diag}"
             f"<h2>Not verified</h2><ul>{notes}</ul></body></html>")
