@@ -28,14 +28,24 @@ def volumes(spec: SolarRunSpec) -> tuple[list[dict], list[dict]]:
     return vols, mounts
 
 
+# torch.compile's caches (Inductor's FX graph and AOTAutograd caches, Triton's kernels) below the run
+# root: every attempt of every stage (a resume, an elastic shrink or grow, the next stage at the same
+# block shapes) loads what an earlier pod compiled instead of compiling it again in its own /tmp.
+# Entries are keyed by graph, torch/Triton version and device, and written by atomic rename.
+COMPILE_CACHES = (("TORCHINDUCTOR_CACHE_DIR", "torchinductor"), ("TRITON_CACHE_DIR", "triton"))
+
+
 def env(run: dict, spec: SolarRunSpec, plan: StagePlan) -> list[dict]:
-    """The trainer container's environment: the operator's variables, then ``spec.env`` (whose names
-    never collide with them: the spec refuses SOLAR_*, PET_* and the rendezvous names)."""
+    """The trainer container's environment: the operator's variables, the compile caches on the run
+    volume (unless ``spec.env`` names them: the user's place wins), then ``spec.env`` (whose names
+    never collide with the operator's: the spec refuses SOLAR_*, PET_* and the rendezvous names)."""
+    own = {item["name"] for item in spec.pod_env()}
     return [{"name": "SOLAR_METRICS_PORT", "value": str(METRICS_PORT)},
             {"name": "PYTHONUNBUFFERED", "value": "1"},
             # recorded in run-result.json: evidence of another run is recognised (run/observe.py)
             {"name": "SOLAR_RUN_UID", "value": run["metadata"].get("uid", "")},
             {"name": "SOLAR_RUN_STAGE", "value": plan.name},
+            *({"name": name, "value": f"{spec.run_root}/.cache/{leaf}"} for name, leaf in COMPILE_CACHES if name not in own),
             *spec.pod_env()]
 
 

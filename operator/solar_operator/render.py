@@ -40,7 +40,7 @@ def render(doc: dict, *, default_backend: str, repo: Path, storage_root: Path | 
     except ValidationError as exc:
         raise RunInvalid("InvalidSpec", first_error(exc)) from None
     spec = run.spec
-    plan = plan_run(spec, f"{spec.storage.mountPath}/{spec.storage.path}", repo=repo, environ={})
+    plan = plan_run(spec, spec.run_root, repo=repo, environ={})
     backend = backends.chosen(spec, default_backend)
     problems = backends.spec_problems(spec, backend)
     if problems:

@@ -178,7 +178,7 @@ class Reconciler:
         cached = self._plans.get(uid)
         if cached is None or cached[0] != generation:
             try:
-                plan = plan_run(spec, f"{spec.storage.mountPath}/{spec.storage.path}", repo=self.repo, environ={})
+                plan = plan_run(spec, spec.run_root, repo=self.repo, environ={})
             except RunInvalid as exc:
                 plan = exc
             cached = self._plans[uid] = (generation, plan)

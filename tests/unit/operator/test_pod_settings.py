@@ -37,7 +37,7 @@ def _doc(**spec):
 def _built(kind, **spec):
     doc = _doc(**spec)
     run = SolarRun.model_validate(doc)
-    plan = plan_run(run.spec, f"{run.spec.storage.mountPath}/{run.spec.storage.path}", repo=REPO, environ={})
+    plan = plan_run(run.spec, run.spec.run_root, repo=REPO, environ={})
     module = jobs if kind == "PyTorchJob" else trainjobs
     return [module.manifest(doc, run.spec, p, job_name(doc["metadata"]["name"], p.name), attempt=1, resume_from=None)
             for p in plan.stages]
@@ -69,8 +69,9 @@ def test_every_pod_setting_reaches_the_pods_and_the_job_validates_strictly(kind)
         validator.validate(job)
         pod, container, env = _pod(kind, job)
         names = [e["name"] for e in env]
-        assert names[:4] == ["SOLAR_METRICS_PORT", "PYTHONUNBUFFERED", "SOLAR_RUN_UID", "SOLAR_RUN_STAGE"]
-        assert env[4:] == SETTINGS["env"]  # the secret reference travels as it is
+        assert names[:6] == ["SOLAR_METRICS_PORT", "PYTHONUNBUFFERED", "SOLAR_RUN_UID", "SOLAR_RUN_STAGE",
+                             "TORCHINDUCTOR_CACHE_DIR", "TRITON_CACHE_DIR"]
+        assert env[6:] == SETTINGS["env"]  # the secret reference travels as it is
         assert pod["imagePullSecrets"] == [{"name": "registry"}] and pod["serviceAccountName"] == "solar-trainer"
         assert pod["securityContext"] == {"fsGroup": 10001, "runAsNonRoot": True}
         assert pod["nodeSelector"] == {"gpu": "h200"} and pod["tolerations"] == SETTINGS["tolerations"]
@@ -79,6 +80,22 @@ def test_every_pod_setting_reaches_the_pods_and_the_job_validates_strictly(kind)
         assert {"name": "solar-shm", "mountPath": "/dev/shm"} in container["volumeMounts"]
         assert {"name": "solar-runs", "mountPath": "/runs"} in container["volumeMounts"]
         assert job["metadata"]["labels"]["kueue.x-k8s.io/queue-name"] == "gpu-queue"
+
+
+@pytest.mark.parametrize("kind", ["PyTorchJob", "TrainJob"])
+def test_compile_caches_are_on_the_run_volume_unless_the_spec_places_them(kind):
+    """Every stage's pods share torch.compile's caches below the run root (a relaunch at another shape
+    loads what an earlier pod compiled); a spec.env entry of the same name replaces the operator's."""
+    root = _doc()["spec"]["storage"]
+    root = f"{root['mountPath']}/{root['path']}"
+    for job in _built(kind):
+        env = {e["name"]: e.get("value") for e in _pod(kind, job)[2]}
+        assert env["TORCHINDUCTOR_CACHE_DIR"] == f"{root}/.cache/torchinductor"
+        assert env["TRITON_CACHE_DIR"] == f"{root}/.cache/triton"
+    mine = [{"name": "TORCHINDUCTOR_CACHE_DIR", "value": "/scratch/inductor"}]
+    env = _pod(kind, _built(kind, env=mine)[0])[2]
+    assert [e for e in env if e["name"] == "TORCHINDUCTOR_CACHE_DIR"] == mine
+    assert [e["value"] for e in env if e["name"] == "TRITON_CACHE_DIR"] == [f"{root}/.cache/triton"]
 
 
 @pytest.mark.parametrize("kind", ["PyTorchJob", "TrainJob"])
@@ -174,7 +191,7 @@ def test_the_trainjob_kueue_example_plans_and_every_job_validates():
     doc["metadata"].update(namespace="research", uid="0b5e2c8e-1111-4e8a-9b7a-5f0c6c1d2e3f")
     run = SolarRun.model_validate(doc)
     assert run.spec.backend == "TrainJob" and run.spec.queueName and backends.spec_problems(run.spec, "TrainJob") == []
-    plan = plan_run(run.spec, f"{run.spec.storage.mountPath}/{run.spec.storage.path}", repo=REPO, environ={})
+    plan = plan_run(run.spec, run.spec.run_root, repo=REPO, environ={})
     validator = jsonschema.Draft7Validator(_schema("TrainJob"))
     for p in plan.stages:
         job = trainjobs.manifest(doc, run.spec, p, job_name("wan5b-camera-tj", p.name), attempt=1, resume_from=None)

@@ -208,6 +208,11 @@ class SolarRunSpec(Doc):
             seen.add(item.name)
         return value
 
+    @property
+    def run_root(self) -> str:
+        """Where the run's stage directories are, as the pods see it: ``<mountPath>/<path>``."""
+        return f"{self.storage.mountPath}/{self.storage.path}"
+
     def pod_env(self) -> list[dict]:
         """``env`` as core/v1 EnvVar documents."""
         return [item.model_dump(exclude_none=True) for item in self.env]
