@@ -121,8 +121,8 @@ class View:
         self._cluster: tuple[float, list[dict], list[dict]] | None = None
 
     def cluster(self, *, fresh: bool = False) -> tuple[list[dict], list[dict]] | None:
-        """(nodes, every pod) or None without nodes read; ``fresh``: not from the cache (a disruption is
-        being decided on: the shape must fit the nodes as they are now)."""
+        """(nodes, every pod) or None without nodes read; ``fresh``: not from the cache (a disruption or a
+        grow back is being decided on: the shape must fit the nodes as they are now)."""
         if not self.read_nodes:
             return None
         with self._guard:

@@ -73,6 +73,15 @@ FINALIZER = "solarwm.io/jobs"   # on a run the operator may still create a job f
 EVENT_ATTEMPTS = 5   # tries of one Event (its first post and four later reconciles) before it counts as dropped
 
 
+def _may_grow(p, previous: SolarRunStatus | None, job, room: int | None) -> bool:
+    """Stage ``p`` runs shrunk (its recorded elastic shape below the plan's) and ``room`` holds a larger
+    allowed shape: the state machine may grow it back in this pass."""
+    recorded = next((s for s in previous.stages if s.name == p.name), None) if previous is not None else None
+    shape = recorded.elastic if recorded is not None else None
+    return job is not None and job.phase in ("Running", "Restarting") and shape is not None and room is not None \
+        and shape.nodes < p.nodes and elastic.largest(p.elastic, at_most=room, above=shape.nodes) is not None
+
+
 class Reconciler:
     def __init__(self, kube, backend: JobBackend, *, storage_root: Path, repo: Path, clock=time.time,
                  read_nodes: bool = False) -> None:
@@ -267,19 +276,35 @@ class Reconciler:
             attempt = job.attempt if job is not None and job.attempt else (recorded.attempt if recorded else None)
             listed[p.name] = own, attempt
         # a failed job is decided on now: the nodes as they are, not as a moment ago
-        cluster = self.capacity.cluster(fresh=any(jobs.get(p.name) is not None and jobs[p.name].phase == "Failed"
-                                                  for p in stages))
+        fresh = any(jobs.get(p.name) is not None and jobs[p.name].phase == "Failed" for p in stages)
+        cluster = self.capacity.cluster(fresh=fresh)
+        room = self._room(spec, stages, listed, cluster)
+        if not fresh and cluster is not None and any(_may_grow(p, previous, jobs.get(p.name), room[p.name])
+                                                     for p in stages):
+            # so is a grow, which stops a running attempt: a listing up to CACHE_SECONDS old may show nodes
+            # that a pending job has taken since (the grown attempt then waits, and shrinks again)
+            cluster = self.capacity.cluster(fresh=True)
+            room = self._room(spec, stages, listed, cluster)
         nodes = {n["metadata"]["name"]: n for n in cluster[0]} if cluster is not None else None
         for p in stages:
             own, attempt = listed[p.name]
             pods[p.name] = capacity.stage_pods(own, attempt, nodes, ATTEMPT_LABEL)
-            if cluster is not None:
-                current = {x["metadata"].get("uid") for x in own
-                           if (x["metadata"].get("labels") or {}).get(ATTEMPT_LABEL) == str(attempt)}
-                limits = (stage_resources(spec, p.name) or {}).get("limits") or {}
-                need = capacity.quantity(limits.get(capacity.GPU, p.nproc)) or p.nproc
-                room[p.name] = capacity.free_nodes(cluster[0], cluster[1], gpus=need, own=current)
         return pods, room
+
+    @staticmethod
+    def _room(spec, stages, listed: dict, cluster) -> dict[str, int]:
+        """Stage -> how many nodes could hold one of its pods in ``cluster`` (its current pods would move)."""
+        if cluster is None:
+            return {}
+        room = {}
+        for p in stages:
+            own, attempt = listed[p.name]
+            current = {x["metadata"].get("uid") for x in own
+                       if (x["metadata"].get("labels") or {}).get(ATTEMPT_LABEL) == str(attempt)}
+            limits = (stage_resources(spec, p.name) or {}).get("limits") or {}
+            need = capacity.quantity(limits.get(capacity.GPU, p.nproc)) or p.nproc
+            room[p.name] = capacity.free_nodes(cluster[0], cluster[1], gpus=need, own=current)
+        return room
 
     def _keep_finalizer(self, run: dict, keep: bool) -> None:
         """Add or remove ``FINALIZER`` on the run (a merge patch conditioned on the resourceVersion just

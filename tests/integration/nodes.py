@@ -36,8 +36,9 @@ class Nodes:
         self.jobs: dict[str, dict] = {}      # job uid -> {"name", "pods": [names], "proc", "started", "world"}
         self.ran: list[tuple[str, int, int]] = []   # (job, world, exit code)
         self._stop = threading.Event()
-        self._lock = threading.Lock()
+        self._lock = threading.RLock()   # the bench takes it around kill_node too
         self._thread = threading.Thread(target=self._loop, name="nodes", daemon=True)
+        self._free_now: dict[str, int] | None = None
 
     # -- nodes ------------------------------------------------------------------------------------
     def add(self, name: str, gpus: int = 1) -> None:
@@ -51,21 +52,36 @@ class Nodes:
                             "reason": "KubeletReady" if ready else "NodeStatusUnknown",
                             "lastTransitionTime": _now()}]}})
 
-    def kill_node(self, name: str) -> None:
-        """The node fails: NotReady, its pods disrupted and failed, the job's ranks gone (SIGKILL)."""
+    def kill_node(self, name: str, *, how: str = "not-ready", gpus: int = 1) -> list[str]:
+        """The node fails: its pods fail and the job's ranks are gone (SIGKILL). ``how``: ``not-ready``
+        (the node turns NotReady, the taint manager marks its pods ``DisruptionTarget``), ``deleted``
+        (the node object is removed, the pod garbage collector marks them) or ``silent`` (NotReady, its
+        pods fail with no condition: only the node says why). Returns the names of the jobs it hit."""
+        hit = []
         with self._lock:
-            self.ready(name, False)
+            if how == "deleted":
+                self.cluster.delete(f"/api/v1/nodes/{name}")
+            else:
+                self.ready(name, False, gpus)
+            reason, manager = ("DeletionByPodGC", "PodGC: node no longer exists") if how == "deleted" else \
+                ("DeletionByTaintManager", "Taint manager: deleting due to NoExecute taint")
             for job in self.jobs.values():
                 on = [p for p in job["pods"] if self._pod(p) and self._pod(p)["spec"].get("nodeName") == name]
                 if not on:
                     continue
+                hit.append(job["name"])
                 for pod in on:
-                    self._pod_status(pod, "Failed", conditions=[{
-                        "type": "DisruptionTarget", "status": "True", "reason": "DeletionByTaintManager",
-                        "message": f"Taint manager: deleting due to NoExecute taint (node {name} unreachable)",
-                        "lastTransitionTime": _now()}])
+                    self._pod_status(pod, "Failed", conditions=[] if how == "silent" else [{
+                        "type": "DisruptionTarget", "status": "True", "reason": reason,
+                        "message": f"{manager} (node {name} unreachable)", "lastTransitionTime": _now()}])
                 if job.get("proc") is not None and job["proc"].poll() is None:
-                    os.killpg(job["proc"].pid, signal.SIGKILL)
+                    self._signal(job, signal.SIGKILL)
+        return hit
+
+    def _signal(self, job: dict, sig: int, *, group: bool = True) -> None:
+        """A signal to the job's ranks: the process group (a node failure) or torchrun alone (the
+        kubelet's SIGTERM, which torchrun passes on)."""
+        (os.killpg if group else os.kill)(job["proc"].pid, sig)
 
     # -- the loop ---------------------------------------------------------------------------------
     def __enter__(self):
@@ -78,7 +94,7 @@ class Nodes:
         for job in self.jobs.values():
             proc = job.get("proc")
             if proc is not None and proc.poll() is None:
-                os.killpg(proc.pid, signal.SIGKILL)
+                self._signal(job, signal.SIGKILL)
 
     def _loop(self) -> None:
         while not self._stop.is_set():
@@ -90,13 +106,14 @@ class Nodes:
             time.sleep(0.1)
 
     def _tick(self) -> None:
+        self._free_now = None   # the nodes' free GPUs, listed once per tick and kept up to date by the bindings
         live = {j["metadata"]["uid"]: j for j in self.world.jobs().values()}
         for uid, job in list(self.jobs.items()):
             proc = job.get("proc")
             if uid not in live:                      # deleted: SIGTERM its torchrun, pods go once it exited
                 if proc is not None and proc.poll() is None:
                     if not job.get("terminated"):
-                        os.kill(proc.pid, signal.SIGTERM)
+                        self._signal(job, signal.SIGTERM, group=False)
                         job["terminated"] = True
                     continue
                 self._reap(job, proc)
@@ -166,26 +183,35 @@ class Nodes:
                 "spec": {"containers": [{"name": "trainer", "image": "solar-trainer:dev", "resources": resources}]}})
             self._pod_status(pod, "Pending")
             pods.append(pod)
+        needs = {pod: self._gpus({"spec": {"containers": [{"resources": resources}]}})
+                 for pod, _, resources in replicas}
         self.jobs[uid] = {"name": doc["metadata"]["name"], "pods": pods, "proc": None, "world": nproc * len(pods),
-                          "args": args}
+                          "args": args, "needs": needs}
 
     def _schedule(self, job: dict, doc: dict) -> None:
-        """Bind every pod of the job or none (gang); start its torchrun once all are bound."""
-        free = self._free()
+        """Bind every pod of the job or none (gang); start its torchrun once all are bound. Pods that do
+        not fit are marked unschedulable once (until they are bound)."""
+        if self._free_now is None:
+            self._free_now = self._free()
+        free = dict(self._free_now)
         binding = {}
         for pod in job["pods"]:
-            need = self._gpus(self._pod(pod))
+            need = job["needs"][pod]
             node = next((n for n, f in sorted(free.items()) if f >= need), None)
             if node is None:
                 break
             free[node] -= need
             binding[pod] = node
         if len(binding) < len(job["pods"]):
-            for pod in job["pods"]:
-                self._pod_status(pod, "Pending", conditions=[{
-                    "type": "PodScheduled", "status": "False", "reason": "Unschedulable",
-                    "message": f"0/{len(free)} nodes are available: insufficient {GPU}", "lastTransitionTime": _now()}])
+            if not job.get("unschedulable"):
+                job["unschedulable"] = True
+                for pod in job["pods"]:
+                    self._pod_status(pod, "Pending", conditions=[{
+                        "type": "PodScheduled", "status": "False", "reason": "Unschedulable",
+                        "message": f"0/{len(free)} nodes are available: insufficient {GPU}",
+                        "lastTransitionTime": _now()}])
             return
+        self._free_now = free
         for pod, node in binding.items():
             self.cluster.patch(f"{self.pods_path}/{pod}", {"spec": {"nodeName": node}})
             self._pod_status(pod, "Running", conditions=[{"type": "PodScheduled", "status": "True",
@@ -194,8 +220,13 @@ class Nodes:
         cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc-per-node={job['world']}",
                *args]
         self.world.set_job(job["name"], "Running")
-        job["proc"] = subprocess.Popen(cmd, cwd=REPO, env=env(), stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
-                                       text=True, start_new_session=True)
+        job["nodes"] = sorted(set(binding.values()))
+        job["proc"] = self._launch(job, cmd)
+
+    def _launch(self, job: dict, cmd: list[str]):
+        """The job's ranks: one torchrun of its whole world on this machine."""
+        return subprocess.Popen(cmd, cwd=REPO, env=env(), stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
+                                text=True, start_new_session=True)
 
     # -- API helpers ------------------------------------------------------------------------------
     def _free(self) -> dict[str, int]:

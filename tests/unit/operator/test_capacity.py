@@ -265,3 +265,90 @@ def test_fresh_lists_again_within_the_cache_and_refreshes_it():
     assert len(kube.calls) == 4 and fresh != first
     clock.now += CACHE_SECONDS - 0.01  # within the fresh listing's time: it is the one kept
     assert view.cluster() == fresh and len(kube.calls) == 4
+
+
+# the operator's view of an elastic stage: a grow back is decided on the nodes as they are now
+
+
+class _Cluster:
+    """Kube for ``Reconciler._elastic_view``: the stage's own pods, and nodes and pods that change
+    between listings (``listings``: one (nodes, pods) per listing, the last repeated)."""
+
+    def __init__(self, own: list[dict], listings: list[tuple[list[dict], list[dict]]]) -> None:
+        self.own, self.listings, self.calls = own, listings, 0
+
+    def list_pods(self, namespace: str, selector: str) -> list[dict]:
+        return self.own
+
+    def list_nodes(self) -> list[dict]:
+        self.calls += 1
+        return self.listings[min(self.calls, len(self.listings)) - 1][0]
+
+    def list_all_pods(self) -> list[dict]:
+        return self.listings[min(self.calls, len(self.listings)) - 1][1]
+
+
+def _elastic_run():
+    """tiny-wan with fm on 4 nodes x 2 GPUs (4, 2 or 1 node keep its batch), shrunk to 1 node, attempt 3
+    running on n1; its plan."""
+    import copy
+
+    import yaml
+
+    from solar.run.plan import plan_run
+    from solar.run.spec import ElasticStatus, SolarRun, SolarRunStatus, StageStatus
+    from tests.conftest import REPO
+
+    doc = copy.deepcopy(yaml.safe_load((REPO / "examples" / "solarrun-tiny.yaml").read_text()))
+    doc["spec"]["topology"] = {"nodes": 4, "gpusPerNode": 2, "elastic": {"minNodes": 1}}
+    doc["spec"]["resources"] = {"limits": {capacity.GPU: 2}}
+    spec = SolarRun.model_validate(doc).spec
+    plan = plan_run(spec, "/runs/tiny-wan", repo=REPO, environ={})
+    shrunk = SolarRunStatus(stages=[StageStatus(name="fm", phase="Running", attempt=3,
+                                                elastic=ElasticStatus(nodes=1, shrinks=1))])
+    run = {"metadata": {"name": "tiny-wan", "namespace": "ns", "uid": "u"}}
+    return run, spec, plan, shrunk
+
+
+def _view_of(kube):
+    from solar_operator.runs import Reconciler
+
+    clock = _Clock()
+    reconciler = Reconciler(kube, backend=None, storage_root="/runs", repo=".", read_nodes=True)
+    reconciler.capacity = View(kube, read_nodes=True, clock=clock)
+    reconciler.capacity.cluster()        # a listing another run's pass made a moment ago
+    clock.now += CACHE_SECONDS / 2
+    return reconciler
+
+
+def test_a_grow_the_cached_listing_allows_is_decided_on_a_fresh_one():
+    from solar.run.machine import JobState
+
+    run, spec, plan, shrunk = _elastic_run()
+    mine = _pod("tiny-wan-fm-master-0", node="n1", gpus=2, uid="mine")
+    mine["metadata"]["labels"] = {"solarwm.io/attempt": "3"}
+    nodes = [_node(f"n{i}", gpus=2) for i in range(1, 5)]
+    taken = [_pod(f"other-{i}", node=f"n{i}", gpus=2) for i in (2, 3, 4)]   # a pending job bound since
+    kube = _Cluster([mine], [(nodes, [mine]), (nodes, [mine, *taken])])
+    reconciler = _view_of(kube)
+    jobs = {"fm": JobState("tiny-wan-fm", "Running", attempt=3)}
+    _, room = reconciler._elastic_view(run, spec, plan, shrunk, jobs)
+    assert kube.calls == 2 and room["fm"] == 1   # the cache said 4: listed again, the stage stays on 1
+
+
+def test_a_stage_that_cannot_grow_is_decided_on_the_cached_listing():
+    from solar.run.machine import JobState
+    from solar.run.spec import SolarRunStatus, StageStatus
+
+    run, spec, plan, shrunk = _elastic_run()
+    mine = _pod("tiny-wan-fm-master-0", node="n1", gpus=2, uid="mine")
+    mine["metadata"]["labels"] = {"solarwm.io/attempt": "3"}
+    nodes = [_node(f"n{i}", gpus=2) for i in range(1, 5)]
+    kube = _Cluster([mine], [(nodes, [mine]), ([], [])])
+    jobs = {"fm": JobState("tiny-wan-fm", "Running", attempt=3)}
+    at_plan = SolarRunStatus(stages=[StageStatus(name="fm", phase="Running", attempt=3)])   # never shrunk
+    for previous, job in ((at_plan, jobs), (shrunk, {"fm": JobState("tiny-wan-fm", "Created", attempt=3)})):
+        kube.calls = 0
+        reconciler = _view_of(kube)
+        _, room = reconciler._elastic_view(run, spec, plan, previous, job)
+        assert kube.calls == 1 and room["fm"] == 4
