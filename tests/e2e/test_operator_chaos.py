@@ -12,11 +12,13 @@ from __future__ import annotations
 import pytest
 
 from bench.operator.chaos_load import chaos
+from tests.support.crd_schema import anchor
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(300)]
 
 
 def test_thirty_runs_five_kills_and_api_faults_lose_nothing(tmp_path):
+    anchor("kubeflow.org_pytorchjobs.yaml")  # the emulated cluster serves the upstream CRD: skipped without it
     result = chaos(runs=30, kills=5, seed=7, poll_seconds=3.0, active=30, liveness_bound=5.0, timeout=200,
                    workdir=tmp_path / "chaos")
     assert result["failures"] == {k: 0 for k in result["failures"]}, (result["details"], result["operator_log"])

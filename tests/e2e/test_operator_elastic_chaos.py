@@ -16,11 +16,13 @@ import sys
 import pytest
 
 from tests.conftest import REPO
+from tests.support.crd_schema import anchor
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(400)]
 
 
 def test_twelve_elastic_runs_and_five_node_failures_lose_no_step(tmp_path):
+    anchor("kubeflow.org_pytorchjobs.yaml")  # the emulated cluster serves the upstream CRD: skipped without it
     out = tmp_path / "result.json"
     proc = subprocess.run([sys.executable, "bench/operator/elastic_chaos.py", "--runs", "12", "--node-kills", "5",
                            "--nodes", "24", "--active", "8", "--steps", "200", "--kill-every", "4", "--seed", "3",
