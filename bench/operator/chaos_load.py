@@ -58,7 +58,7 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(REPO))
 
-from bench.operator.reconcile_load import _percentiles, _port, _proc_stats  # noqa: E402
+from bench.operator.reconcile_load import _port, _proc_stats, distribution  # noqa: E402
 from tests.integration.world import CRD, World, load_case, write_checkpoint  # noqa: E402
 from tests.support.crd_schema import ANCHORS  # noqa: E402
 from tests.support.kube import HARNESS_AGENT, ApiError, CutWatch, Slow, emulated_cluster  # noqa: E402
@@ -758,7 +758,7 @@ def _drive(world: World, book: Book, plan: list[Run], op: Operator, faults: Faul
     _say(f"timed out after {timeout:.0f}s: {sum(1 for r in plan if book.finished(r))} of {len(plan)} runs finished")
 
 
-def _down_overlap(down: list[list[float]], a: float, b: float) -> float:
+def down_overlap(down: list[list[float]], a: float, b: float) -> float:
     return sum(max(0.0, min(b, end or b) - max(a, start)) for start, end in down)
 
 
@@ -813,14 +813,14 @@ def _report(book: Book, op: Operator, faults: Faults, plan: list[Run], poll: flo
             stuck.append(f"{r.run}: {r.what} never happened")
             continue
         took = r.done - r.start
-        effective = took - _down_overlap(book.down, r.start, r.done)
+        effective = took - down_overlap(book.down, r.start, r.done)
         if effective > stuck_limit:
             stuck.append(f"{r.run}: {r.what} after {took:.1f}s ({effective:.1f}s with the operator up)")
         if r.what == "next_job":
             next_all.append((took, r.run, r.start))
             hit = any(a <= r.done and r.start <= b for a, b in faults.hits.get(r.run, []))
             cut = any(r.start <= t <= r.done for t in faults.cuts)
-            if not hit and not cut and _down_overlap(book.down, r.start, r.done) == 0 and \
+            if not hit and not cut and down_overlap(book.down, r.start, r.done) == 0 and \
                     not any(r.start <= s <= r.done for s, _ in book.down):
                 next_clean.append((took, r.run, r.start))
     # kills: to the new process answering, and to every reaction pending at the kill done
@@ -864,15 +864,15 @@ def _report(book: Book, op: Operator, faults: Faults, plan: list[Run], poll: flo
     out["kills"] = len(book.down)
     out["jobs_created"] = len(book.jobs)
     out["jobs_created_after_their_run_was_deleted"] = len(book.after_delete)
-    out["kill_to_liveness_200"] = _percentiles(to_ready) if to_ready else None
-    out["kill_to_converged"] = _percentiles(to_converged) if to_converged else None
-    out["start_to_first_200"] = _percentiles(first) if first else None
-    out["liveness_answers"] = _percentiles(answered) if answered else None
+    out["kill_to_liveness_200"] = distribution(to_ready) if to_ready else None
+    out["kill_to_converged"] = distribution(to_converged) if to_converged else None
+    out["start_to_first_200"] = distribution(first) if first else None
+    out["liveness_answers"] = distribution(answered) if answered else None
     out["kill_to_converged_slowest"] = [f"{took:.1f}s: {what}" for took, what in sorted(last, reverse=True)[:8]]
-    out["next_job"] = _percentiles([c[0] for c in next_all]) if next_all else None
+    out["next_job"] = distribution([c[0] for c in next_all]) if next_all else None
     out["next_job_slowest"] = [
         f"{run}: {took:.2f}s from {_wall_clock(start)}" for took, run, start in sorted(next_all, reverse=True)[:8]]
-    out["next_job_outside_faults"] = _percentiles([c[0] for c in next_clean]) if next_clean else None
+    out["next_job_outside_faults"] = distribution([c[0] for c in next_clean]) if next_clean else None
     out["next_job_outside_faults_slowest"] = [   # to find in the operator's log
         f"{run}: {took:.2f}s from {_wall_clock(start)}" for took, run, start in sorted(next_clean, reverse=True)[:8]]
     out["operator_rss_mib_max"] = round(max(op.rss), 1) if op.rss else None
@@ -901,10 +901,16 @@ def main() -> None:
                    poll_seconds=args.poll_seconds,
                    active=args.active, liveness_bound=args.liveness_bound, timeout=args.timeout, rates=rates,
                    gc_freeze=not args.no_gc_freeze)
+    finish(result, args.out)
+
+
+def finish(result: dict, out: Path | None) -> None:
+    """A bench's end: its JSON document printed (and written to ``out``); exit 1 when a failure count
+    is not 0."""
     text = json.dumps(result, indent=2)
     print(text)
-    if args.out:
-        args.out.write_text(text + "\n")
+    if out:
+        out.write_text(text + "\n")
     sys.exit(1 if any(result["failures"].values()) else 0)
 
 

@@ -59,7 +59,6 @@ import json
 import os
 import random
 import signal
-import statistics
 import sys
 import tempfile
 import threading
@@ -71,11 +70,13 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(REPO))
 
-from bench.operator.chaos_load import Operator, Scheduler, StallProbe, Watch, _down_overlap  # noqa: E402
+from bench.operator.chaos_load import Operator, Scheduler, StallProbe, Watch, down_overlap, finish  # noqa: E402
+from bench.operator.reconcile_load import distribution  # noqa: E402
 from solar.run import elastic as elastic_shapes  # noqa: E402
 from solar.run.machine import parse_iso  # noqa: E402
 from solar.storage import checkpoints as ckpt  # noqa: E402
 from solar.storage.run_dir import usage, write_result  # noqa: E402
+from solar_operator.capacity import CACHE_SECONDS  # noqa: E402
 from tests.integration.nodes import Nodes  # noqa: E402
 from tests.integration.world import CRD, World, load_case, write_checkpoint  # noqa: E402
 from tests.support.crd_schema import ANCHORS  # noqa: E402
@@ -85,7 +86,6 @@ STAGE = "fm"
 SIZES = {4: 2, 3: 1, 2: 1}                # planned nodes -> weight
 ACCUMULATION = 3                          # planned gradientAccumulation (every size)
 KILL_KINDS = {"not-ready": 2, "deleted": 1, "silent": 1}
-CACHE_SECONDS = 2.0                       # solar_operator.capacity.CACHE_SECONDS
 
 
 def _say(text: str) -> None:
@@ -93,14 +93,7 @@ def _say(text: str) -> None:
 
 
 def _seconds(values: list[float]) -> dict | None:
-    if not values:
-        return None
-    ordered = sorted(values)
-
-    def pick(q: float) -> float:
-        return round(ordered[min(len(ordered) - 1, int(round(q * (len(ordered) - 1))))], 2)
-    return {"n": len(ordered), "p50_s": pick(0.5), "p90_s": pick(0.9), "max_s": round(ordered[-1], 2),
-            "mean_s": round(statistics.fmean(ordered), 2)}
+    return distribution(values, unit="s", quantiles=(0.5, 0.9)) if values else None
 
 
 # --- what happened (every thread writes under Ledger.lock) ----------------------------------------
@@ -777,7 +770,7 @@ class Bench:
                     fail("never_continued", f"{victim[0]} attempt {victim[1]} killed on {k.node}: no later attempt "
                                             "trained a step")
                     continue
-                took = nxt.first_step - k.at - _down_overlap(led.down, k.at, nxt.first_step)
+                took = nxt.first_step - k.at - down_overlap(led.down, k.at, nxt.first_step)
                 between = [a for n, a in run.attempts.items() if victim[1] < n < nxt.attempt]
                 if killed_attempt.deleted is not None and killed_attempt.deleted > k.at:
                     decided.append(killed_attempt.deleted - k.at)
@@ -852,7 +845,7 @@ class Bench:
                     "after_kill" if (r.name, before.attempt) in killed else "after_shrink"
                 causes[cause] += 1
                 collisions += cause == "grow"
-                wait = a.deleted - a.admitted - _down_overlap(led.down, a.admitted, a.deleted)
+                wait = a.deleted - a.admitted - down_overlap(led.down, a.admitted, a.deleted)
                 if wait <= self.shrink_bound:
                     pending.append(wait)
                 elif a.room_longest > self.shrink_bound:
@@ -938,11 +931,7 @@ def main() -> None:
     args = parser.parse_args()
     bench = Bench(args, Path(tempfile.mkdtemp(prefix="solar-elastic-chaos-")))
     result = bench.run()
-    text = json.dumps(result, indent=2)
-    print(text)
-    if args.out:
-        args.out.write_text(text + "\n")
-    sys.exit(1 if any(result["failures"].values()) else 0)
+    finish(result, args.out)
 
 
 if __name__ == "__main__":

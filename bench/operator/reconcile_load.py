@@ -75,14 +75,16 @@ class JobWatch(threading.Thread):
                     self.added.setdefault(event["object"]["metadata"]["name"], time.monotonic())
 
 
-def _percentiles(values: list[float]) -> dict:
+def distribution(values: list[float], *, unit: str = "ms", quantiles=(0.5, 0.9, 0.99)) -> dict:
+    """n, the quantiles, max and mean of ``values`` (seconds), in ``unit``: ms (0.1 ms) or s (0.01 s)."""
     ordered = sorted(values)
+    scale, digits = (1000, 1) if unit == "ms" else (1, 2)
 
     def pick(q: float) -> float:
         return ordered[min(len(ordered) - 1, int(round(q * (len(ordered) - 1))))]
-    return {"n": len(ordered), "p50_ms": round(pick(0.5) * 1000, 1), "p90_ms": round(pick(0.9) * 1000, 1),
-            "p99_ms": round(pick(0.99) * 1000, 1), "max_ms": round(ordered[-1] * 1000, 1),
-            "mean_ms": round(statistics.fmean(ordered) * 1000, 1)}
+    return {"n": len(ordered), **{f"p{round(q * 100)}_{unit}": round(pick(q) * scale, digits) for q in quantiles},
+            f"max_{unit}": round(ordered[-1] * scale, digits),
+            f"mean_{unit}": round(statistics.fmean(ordered) * scale, digits)}
 
 
 def _advance(world: World, names: list[str], stage: str, nxt: str, watch: JobWatch, pace: float) -> list[float]:
@@ -134,7 +136,7 @@ def main() -> None:
                 world.apply(doc)
             wait_for(lambda: all(f"{n}-fm" in watch.added for n in names), timeout=600, interval=0.05,
                      message="every first job")
-            result["first_job_after_create"] = _percentiles([watch.added[f"{n}-fm"] - created[n] for n in names])
+            result["first_job_after_create"] = distribution([watch.added[f"{n}-fm"] - created[n] for n in names])
             time.sleep(2)
             before = _proc_stats(proc.pid)
             time.sleep(args.idle)
@@ -142,11 +144,11 @@ def main() -> None:
             result["idle_with_active_runs"] = {**after, "seconds": args.idle,
                                                "cpu_fraction": round((after["cpu_seconds"] - before["cpu_seconds"])
                                                                      / args.idle, 3)}
-            result["next_job_burst"] = _percentiles(_advance(world, names, "fm", "anyflow", watch, 0.0))
-            result["next_job_paced"] = _percentiles(_advance(world, names, "anyflow", "generate", watch, args.pace))
+            result["next_job_burst"] = distribution(_advance(world, names, "fm", "anyflow", watch, 0.0))
+            result["next_job_paced"] = distribution(_advance(world, names, "anyflow", "generate", watch, args.pace))
             result["pace_seconds"] = args.pace
             result["operator_end"] = _proc_stats(proc.pid)
-            result["peer_api_calls"] = _percentiles(_peer(world, names[0]))
+            result["peer_api_calls"] = distribution(_peer(world, names[0]))
             result["ratio_paced_p50_to_peer_p50"] = round(result["next_job_paced"]["p50_ms"]
                                                           / result["peer_api_calls"]["p50_ms"], 2)
             text = _scrape(metrics_port)

@@ -33,7 +33,7 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(REPO))
 
-from bench.operator.reconcile_load import _percentiles, _port, _proc_stats, _scrape, stop  # noqa: E402
+from bench.operator.reconcile_load import _port, _proc_stats, _scrape, distribution, stop  # noqa: E402
 from tests.integration.world import CRD, World, load_case  # noqa: E402
 from tests.support.crd_schema import ANCHORS  # noqa: E402
 from tests.support.kube import emulated_cluster, wait_for  # noqa: E402
@@ -150,7 +150,7 @@ def main() -> None:
                                   "failed_or_over_1s_after_first_200": sum(
                                       1 for at, t in prober.answers
                                       if first_ok is not None and at >= first_ok and (t is None or t > 1.0)),
-                                  "answer": _percentiles(up) if up else None}
+                                  "answer": distribution(up) if up else None}
             result["operator_after_catch_up"] = _proc_stats(proc.pid)
             assert len(world.jobs()) == args.runs, "a restart must create no job twice"
             result["jobs"] = len(world.jobs())

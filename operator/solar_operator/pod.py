@@ -39,14 +39,16 @@ def env(run: dict, spec: SolarRunSpec, plan: StagePlan) -> list[dict]:
     """The trainer container's environment: the operator's variables, the compile caches on the run
     volume (unless ``spec.env`` names them: the user's place wins), then ``spec.env`` (whose names
     never collide with the operator's: the spec refuses SOLAR_*, PET_* and the rendezvous names)."""
-    own = {item["name"] for item in spec.pod_env()}
+    theirs = spec.pod_env()
+    own = {item["name"] for item in theirs}
     return [{"name": "SOLAR_METRICS_PORT", "value": str(METRICS_PORT)},
             {"name": "PYTHONUNBUFFERED", "value": "1"},
             # recorded in run-result.json: evidence of another run is recognised (run/observe.py)
             {"name": "SOLAR_RUN_UID", "value": run["metadata"].get("uid", "")},
             {"name": "SOLAR_RUN_STAGE", "value": plan.name},
-            *({"name": name, "value": f"{spec.run_root}/.cache/{leaf}"} for name, leaf in COMPILE_CACHES if name not in own),
-            *spec.pod_env()]
+            *({"name": name, "value": f"{spec.run_root}/.cache/{leaf}"}
+              for name, leaf in COMPILE_CACHES if name not in own),
+            *theirs]
 
 
 def settings(spec: SolarRunSpec, *, scheduling: bool = True) -> dict:

@@ -74,12 +74,12 @@ EVENT_ATTEMPTS = 5   # tries of one Event (its first post and four later reconci
 
 
 def _may_grow(p, previous: SolarRunStatus | None, job, room: int | None) -> bool:
-    """Stage ``p`` runs shrunk (its recorded elastic shape below the plan's) and ``room`` holds a larger
-    allowed shape: the state machine may grow it back in this pass."""
+    """Stage ``p`` runs shrunk and ``room`` holds a larger allowed shape (``elastic.grown``, as the state
+    machine asks it): the machine may grow it back in this pass."""
     recorded = next((s for s in previous.stages if s.name == p.name), None) if previous is not None else None
     shape = recorded.elastic if recorded is not None else None
-    return job is not None and job.phase in ("Running", "Restarting") and shape is not None and room is not None \
-        and shape.nodes < p.nodes and elastic.largest(p.elastic, at_most=room, above=shape.nodes) is not None
+    return job is not None and job.phase in ("Running", "Restarting") and shape is not None \
+        and elastic.grown(p.elastic, nodes=shape.nodes, capacity=room) is not None
 
 
 class Reconciler:

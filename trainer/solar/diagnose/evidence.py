@@ -16,6 +16,7 @@ from pathlib import Path
 
 from solar.errors import SolarError
 from solar.storage import checkpoints as ckpt
+from solar.storage.run_dir import launch_records
 
 TAIL_BYTES = 256 * 1024
 LOG_TAIL_LINES = 40
@@ -198,7 +199,7 @@ def gather(run_dir: str | os.PathLike, *, now: float) -> Evidence:
                 first, lines = _tail_lines(path, 64 * 1024)
                 start = (first or 1) + max(len(lines) - LOG_TAIL_LINES, 0)
                 r.log_tail = list(enumerate(lines[-LOG_TAIL_LINES:], start=start))
-    current = _current_launch(root) or launch
+    current = _current_launch(root)
     _latest_launch_only(ranks, (current or {}).get("topology") or {})
     listed = ckpt.list_checkpoints(root)
     checkpoints = [c for c in listed if not Path(c["path"]).name.startswith(".")]
@@ -208,9 +209,8 @@ def gather(run_dir: str | os.PathLike, *, now: float) -> Evidence:
 
 
 def _current_launch(root: Path) -> dict | None:
-    """The newest later launch's manifest (``launches/NNNN-launch-manifest.json``), if any."""
-    later = sorted((root / "launches").glob("*-launch-manifest.json")) if (root / "launches").is_dir() else []
-    for path in reversed(later):
+    """The newest readable launch manifest (``solar.storage.run_dir.launch_records``), if any."""
+    for path in reversed(launch_records(root)):
         doc = _json(path)
         if doc is not None:
             return doc

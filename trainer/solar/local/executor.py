@@ -33,6 +33,7 @@ from solar.run.observe import LazyStageFiles, observe_stage
 from solar.run.plan import RunInvalid, RunPlan, StagePlan, plan_run
 from solar.run.spec import SolarRun, SolarRunStatus, first_error
 from solar.storage.atomic import write_replace
+from solar.storage.run_dir import launch_records
 
 POLL_SECONDS = 1.0
 
@@ -101,8 +102,7 @@ class LocalJob:
         """How many launches the stage directory records (a refused launch adds none)."""
         if self.stage_dir is None:
             return 0
-        return int((self.stage_dir / "launch-manifest.json").is_file()) + \
-            len(list((self.stage_dir / "launches").glob("*-launch-manifest.json")))
+        return len(launch_records(self.stage_dir))
 
     def cause(self) -> str | None:
         """The trainer's own error line (``solar: error: ...``, a rank's refusal or failure), else the

@@ -20,6 +20,7 @@ from solar.diagnose.classify import jsonable
 from solar.diagnose.evidence import gather
 from solar.errors import SolarError
 from solar.report import shape
+from solar.storage.run_dir import launch_records
 from solar.report.html import (code_text, environment_text, final_text, interruption_text,
                                launch_text, lost_text, shape_text, weights_text)
 
@@ -96,12 +97,12 @@ def _launches(root: Path, events: list[dict], usage: dict | None) -> list[dict]:
     from the launch before (topology, recorded config changes) and how its attempt ended
     (run-result.json's usage, matched by time and world size: a launch killed outright records no
     attempt, and the next may have begun within the seconds the time match allows)."""
-    records = [root / "launch-manifest.json", *sorted((root / "launches").glob("*-launch-manifest.json"))]
+    records = launch_records(root)
     parts = shape.segments(events)
     attempts = [a for a in (usage or {}).get("attempts") or [] if isinstance(a, dict)]
     out, previous, done = [], None, 0
     for n, record in enumerate(records):
-        manifest = _json(record) if record.is_file() else None
+        manifest = _json(record)
         if manifest is None:
             continue
         part = parts[n] if n < len(parts) else []

@@ -37,7 +37,6 @@ import json
 import math
 from pathlib import Path
 
-ENDS = ("complete", "stopped", "failed", "killed", "running")
 _END_EVENTS = {"complete": "complete", "stopped": "stopped", "error": "failed"}
 
 
@@ -173,5 +172,5 @@ def build(root: Path, events: list[dict], launches: list[dict], *, running: bool
             "lost_by_end": by_end}
 
 
-__all__ = ["ENDS", "build", "ending", "interruptions", "launch_shape", "saved_with", "segments",
+__all__ = ["build", "ending", "interruptions", "launch_shape", "saved_with", "segments",
            "world_size"]

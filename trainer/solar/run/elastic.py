@@ -93,6 +93,12 @@ def largest(allowed: tuple[Shape, ...], *, at_most: int | None, below: int | Non
     return None
 
 
+def grown(allowed: tuple[Shape, ...], *, nodes: int, capacity: int | None) -> Shape | None:
+    """The shape a stage running at ``nodes`` grows back to: the largest allowed one above it that
+    ``capacity`` nodes hold (None: none does, or the capacity is not known)."""
+    return None if capacity is None else largest(allowed, at_most=capacity, above=nodes)
+
+
 def shaped(p, nodes: int):
     """Stage plan ``p`` at ``nodes`` nodes of its allowed elastic shapes: the world size and the
     accumulation that keeps the global batch (in its arguments too)."""

@@ -581,13 +581,11 @@ def _elastic_change(r: _Run, spec: SolarRunSpec, st: StageStatus, p: StagePlan, 
                       f"attempt {st.attempt}'s pods stayed unschedulable for {waited:.0f} s "
                       f"(shrinkAfterSeconds {settings.shrinkAfterSeconds})", job, latest)
         return True
-    if not settings.growBack or el.nodes >= p.nodes or capacity is None:
+    target = elastic.grown(p.elastic, nodes=el.nodes, capacity=capacity) if settings.growBack else None
+    if target is None:
         return False
     changed = parse_iso(el.changedAt)
     if changed is not None and r.now - changed < settings.minSecondsBetweenChanges:
-        return False
-    target = elastic.largest(p.elastic, at_most=capacity, above=el.nodes)
-    if target is None:
         return False
     _change_shape(r, st, p, target.nodes, C.TOPOLOGY_GROWN, f"the cluster holds {capacity} node"
                   f"{'s' if capacity != 1 else ''} for it now", job, latest)

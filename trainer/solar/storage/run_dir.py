@@ -64,6 +64,13 @@ def launch_manifest(resolved, init: dict, changes: list[dict] | None = None) -> 
     return doc
 
 
+def launch_records(output_dir: Path) -> list[Path]:
+    """The run directory's launch manifests that exist, oldest first: ``launch-manifest.json`` (the
+    first launch), then ``launches/NNNN-launch-manifest.json`` (each later one, ``write_launch``)."""
+    first = output_dir / "launch-manifest.json"
+    return [*([first] if first.is_file() else []), *sorted((output_dir / "launches").glob("*-launch-manifest.json"))]
+
+
 def latest_config(output_dir: Path) -> dict:
     """The resolved config of the run directory's latest launch (``launches/NNNN-resolved-config.json``,
     else ``resolved-config.json``): what a resume is compared with."""
