@@ -13,8 +13,10 @@ decode, files) and the process's wall time are the figures. The checkpoint is re
     PYTHONPATH=trainer:. python3 bench/gpu/infer_product.py
 
 ``BENCH_SAMPLES`` (default 2) slots; ``BENCH_SETS`` (space-separated ``KEY=VALUE``) adds ``--set``
-values; ``BENCH_CONFIG`` another infer config and ``BENCH_DATA`` its data root (a CPU smoke run: the tiny
-config on ``solar data synth --profile tiny`` data).
+values, ``BENCH_SETS_JSON`` (a JSON list of ``KEY=VALUE``) values with spaces in them (e.g.
+``validation.passes``); ``BENCH_CONFIG`` another infer config (any route: a Stage0.5 or Stage1 infer
+config gets its ``model`` role written, Stage2 its ``student``) and ``BENCH_DATA`` its data root (a CPU
+smoke run: the tiny config on ``solar data synth --profile tiny`` data).
 """
 
 from __future__ import annotations
@@ -39,11 +41,12 @@ def _sets(data: Path, checkpoint: Path, out: Path) -> list[str]:
     return ["distributed.world_size=1", "model.pretrained_path=", "model.vae_path=", f"data.root={data}",
             "data.test_index=test-index.jsonl.gz", f"validation.sample_count={SAMPLES}",
             f"checkpoint.path={checkpoint}", "checkpoint.weights=live", f"runtime.output_dir={out}",
-            *os.environ.get("BENCH_SETS", "").split()]
+            *os.environ.get("BENCH_SETS", "").split(), *json.loads(os.environ.get("BENCH_SETS_JSON", "[]"))]
 
 
 def write_checkpoint(sets: list[str], root: Path) -> Path:
-    """The student's live weights as a committed Stage2 checkpoint of this route."""
+    """The model's live weights as a committed checkpoint of this route (Stage2: the student's role;
+    every other route: ``model``, the role ``solar infer`` reads from a single-model checkpoint)."""
     import torch
 
     from solar.config.contracts import checkpoint_contract
@@ -57,9 +60,13 @@ def write_checkpoint(sets: list[str], root: Path) -> Path:
     torch.manual_seed(0)
     device = "cuda" if torch.cuda.is_available() else "cpu"
     state = model_from_config(cfg, device=device).state_dict()
+    role = "student" if resolved.route.stage == "stage2" else "model"
     partial = ckpt.begin(root, 1)
-    write_tensors(partial / "student" / "live.safetensors", full(state))   # as a save writes a role's member
-    roles = {"student": {"weights": ["live"], "members": ["student/live.safetensors"]}}
+    write_tensors(partial / role / "live.safetensors", full(state))   # as a save writes a role's member
+    del state
+    roles = {role: {"weights": ["live"], "members": [f"{role}/live.safetensors"]}}
+    if torch.cuda.is_available():
+        torch.cuda.empty_cache()   # the weights' 20 GB go back to the GPU before `solar infer` starts
     return ckpt.commit(partial, step=1, contract=checkpoint_contract(cfg, resolved.route), roles=roles,
                        trainer_state={})
 
