@@ -1,10 +1,14 @@
-"""What an elastic stage's pods say, and how many nodes could hold one of its pods now (issue 45).
+"""What a stage's pods say, and how many nodes could hold one of its pods now (issues 45 and 51).
 
-``stage_pods``: the stage's pods (any attempt) not yet gone, whether a pending pod of the current
-attempt is unschedulable (``PodScheduled=False/Unschedulable``, as the scheduler reports it), and why
-the current attempt's pods were disrupted: a ``DisruptionTarget`` condition (eviction, preemption,
-taint manager, node lifecycle: Kubernetes sets it before it deletes the pod), ``status.reason``
-Evicted/Preempting/NodeLost, or, where nodes are read, a node that is gone or not Ready.
+``stage_pods``: the stage's pods (any attempt) not yet gone, those on a lost node excepted (they never
+confirm their deletion: solar.run.pods), whether a pod of the current attempt is unschedulable
+(``PodScheduled=False/Unschedulable``, as the scheduler reports it, whatever the job's phase), and why
+and since when the current attempt's pods were disrupted: a ``DisruptionTarget`` condition (eviction,
+preemption, taint manager, node lifecycle: Kubernetes sets it before it deletes the pod),
+``status.reason`` Evicted/Preempting/NodeLost, or, where nodes are read, a node that is gone or has
+not been Ready for longer than the stage's grace (``lost_after``), counted from its kubelet's last
+heartbeat (``lastHeartbeatTime`` of its Ready condition; the node lifecycle controller marks the node
+``Unknown`` about 40-50 s after it and leaves that time as it was).
 
 ``free_nodes`` (only with ``--read-nodes``: cluster-scope get/list/watch on nodes and list on pods):
 Ready, schedulable nodes whose allocatable ``nvidia.com/gpu`` less what the non-finished pods on
@@ -14,7 +18,7 @@ unknown (None): a disrupted or unschedulable stage shrinks one allowed shape at 
 grows back (docs/elastic.md).
 
 Pure functions over API documents; ``View`` does the listing, with a short cache so that many
-elastic runs reconciling at once share one listing of nodes and pods.
+runs reconciling at once share one listing of nodes and pods.
 """
 
 from __future__ import annotations
@@ -22,7 +26,8 @@ from __future__ import annotations
 import threading
 import time
 
-from solar.run.elastic import Pods
+from solar.run.machine import parse_iso
+from solar.run.pods import Pods
 
 GPU = "nvidia.com/gpu"
 DISRUPTED_REASONS = ("Evicted", "Preempting", "NodeLost", "NodeShutdown", "Terminated")
@@ -58,22 +63,63 @@ def pod_gpus(pod: dict) -> int:
     return total
 
 
-def disruption(pod: dict, nodes: dict[str, dict] | None) -> str | None:
-    """Why this pod was disrupted, or None."""
+def _time(text) -> float | None:
+    try:
+        return parse_iso(text)
+    except (TypeError, ValueError):
+        return None
+
+
+def lost_since(node: dict) -> float | None:
+    """When a node that is not Ready was last known well (epoch seconds): the earlier of its Ready
+    condition's last heartbeat (what the node lifecycle controller keeps when it marks the node
+    Unknown) and its transition (a kubelet reporting Ready=False itself keeps heartbeating); None when
+    the node is Ready, or says nothing of when."""
+    ready = next((c for c in _conditions(node) if c.get("type") == "Ready"), None)
+    if ready is not None and ready.get("status") == "True":
+        return None
+    times = [t for t in (_time((ready or {}).get("lastHeartbeatTime")),
+                         _time((ready or {}).get("lastTransitionTime"))) if t is not None]
+    return min(times) if times else None
+
+
+def node_lost(name: str | None, nodes: dict[str, dict] | None, *, now: float, lost_after: float) -> str | None:
+    """Why the node ``name`` counts as lost (gone, or not Ready for longer than ``lost_after`` seconds),
+    or None: not lost, not yet, or nodes not read."""
+    if nodes is None or not name:
+        return None
+    if name not in nodes:
+        return f"its node {name} is gone"
+    ready = next((c for c in _conditions(nodes[name]) if c.get("type") == "Ready"), {})
+    if ready.get("status") == "True":
+        return None
+    since = lost_since(nodes[name])
+    state = "Unknown (its kubelet stopped reporting)" if ready.get("status") == "Unknown" else "not Ready"
+    if since is None:      # a Ready condition without times: how long is not known, so no grace either
+        return f"its node {name} is {state}"
+    if now - since <= lost_after:
+        return None
+    return f"its node {name} has been {state} for {now - since:.0f} s (nodeLostSeconds {lost_after:g})"
+
+
+def disruption(pod: dict, nodes: dict[str, dict] | None, *, now: float, lost_after: float
+               ) -> tuple[str, float | None] | None:
+    """Why this pod was disrupted and since when (epoch seconds, None when not known), or None."""
     name = pod["metadata"]["name"]
+    node = (pod.get("spec") or {}).get("nodeName")
+    since = [t for t in ([lost_since(nodes[node])] if nodes and node in nodes else []) if t is not None]
     for c in _conditions(pod):
         if c.get("type") == "DisruptionTarget" and c.get("status") == "True":
             detail = ": ".join(x for x in (c.get("reason"), c.get("message")) if x)
-            return f"pod {name}: DisruptionTarget ({detail or 'no reason given'})"
+            when = since + [t for t in (_time(c.get("lastTransitionTime")),) if t is not None]
+            return f"pod {name}: DisruptionTarget ({detail or 'no reason given'})", min(when) if when else None
     status = pod.get("status") or {}
     if status.get("reason") in DISRUPTED_REASONS:
-        return f"pod {name}: {status['reason']}" + (f" ({status['message']})" if status.get("message") else "")
-    node = (pod.get("spec") or {}).get("nodeName")
-    if nodes is not None and node:
-        if node not in nodes:
-            return f"pod {name}: its node {node} is gone"
-        if not any(c.get("type") == "Ready" and c.get("status") == "True" for c in _conditions(nodes[node])):
-            return f"pod {name}: its node {node} is not Ready"
+        return f"pod {name}: {status['reason']}" + (f" ({status['message']})" if status.get("message") else ""), \
+            min(since) if since else None
+    lost = node_lost(node, nodes, now=now, lost_after=lost_after)
+    if lost:
+        return f"pod {name}: {lost}", min(since) if since else None
     return None
 
 
@@ -83,14 +129,18 @@ def unschedulable(pod: dict) -> bool:
         for c in _conditions(pod))
 
 
-def stage_pods(pods: list[dict], attempt: int | None, nodes: dict[str, dict] | None,
-               attempt_label: str) -> Pods:
-    """``Pods`` of one stage from its pods (every attempt's); ``attempt``: the current one's."""
+def stage_pods(pods: list[dict], attempt: int | None, nodes: dict[str, dict] | None, attempt_label: str, *,
+               now: float, lost_after: float) -> Pods:
+    """``Pods`` of one stage from its pods (every attempt's); ``attempt``: the current one's; a node is lost
+    ``lost_after`` seconds after its kubelet last reported."""
     current = [p for p in pods if attempt is None or (p["metadata"].get("labels") or {}).get(attempt_label)
                == str(attempt)]
-    why = next((w for w in (disruption(p, nodes) for p in current) if w), None)
-    return Pods(alive=sum(not _finished(p) for p in pods), unschedulable=any(unschedulable(p) for p in current),
-                disrupted=why)
+    found = [d for d in (disruption(p, nodes, now=now, lost_after=lost_after) for p in current) if d]
+    times = [t for _, t in found if t is not None]
+    alive = sum(not _finished(p) and not node_lost((p.get("spec") or {}).get("nodeName"), nodes, now=now,
+                                                   lost_after=lost_after) for p in pods)
+    return Pods(alive=alive, unschedulable=any(unschedulable(p) for p in current),
+                disrupted=found[0][0] if found else None, since=min(times) if times else None)
 
 
 def free_nodes(nodes: list[dict], pods: list[dict], *, gpus: int, own: set[str]) -> int:

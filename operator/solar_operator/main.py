@@ -43,6 +43,12 @@ def build_parser() -> argparse.ArgumentParser:
                              "elastic stages shrink to what the cluster holds and grow back (env "
                              "SOLAR_OPERATOR_READ_NODES=1); without it they shrink one allowed shape at a time and "
                              "never grow back")
+    parser.add_argument("--node-lost-seconds", type=_seconds,
+                        default=os.environ.get("SOLAR_OPERATOR_NODE_LOST_SECONDS", "60"), metavar="SECONDS",
+                        help="with --read-nodes: how long a stage pod's node may be gone or not Ready (from its "
+                             "kubelet's last heartbeat) before the attempt is replaced while its job still runs, "
+                             "for stages without spec.topology.elastic.nodeLostSeconds (env "
+                             "SOLAR_OPERATOR_NODE_LOST_SECONDS, default 60)")
     parser.add_argument("--metrics-port", type=int, default=8080, help="Prometheus /metrics port (0: off)")
     parser.add_argument("--standalone", action="store_true", help="kopf: no peering")
     parser.add_argument("-A", "--all-namespaces", action="store_true", help="kopf: watch every namespace")
@@ -55,6 +61,16 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--quiet", action="store_true", help="kopf: warnings and errors only")
     parser.add_argument("--log-format", choices=("plain", "full", "json"), default="full", help="kopf: log format")
     return parser
+
+
+def _seconds(text: str) -> float:
+    try:
+        value = float(text)
+    except ValueError:
+        value = -1.0
+    if not value >= 0:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a number of seconds (0 or more)")
+    return value
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -127,14 +143,16 @@ def main(argv: Sequence[str] | None = None) -> int:
         metrics.serve(args.metrics_port)
     asyncio.run(kopf.operator(registry=registry, memo=kopf.Memo(runs=reconciler(root, default_backend=default,
                                                                               backends=enabled,
-                                                                              read_nodes=args.read_nodes)),
+                                                                              read_nodes=args.read_nodes,
+                                                                              node_lost_seconds=args.node_lost_seconds)),
                               standalone=args.standalone, clusterwide=args.all_namespaces,
                               namespaces=args.namespace, liveness_endpoint=args.liveness))
     return 0
 
 
 def reconciler(storage_root: Path, *, url: str | None = None, default_backend: str = "PyTorchJob",
-               backends: tuple[str, ...] = ("PyTorchJob", "TrainJob"), read_nodes: bool = False):
+               backends: tuple[str, ...] = ("PyTorchJob", "TrainJob"), read_nodes: bool = False,
+               node_lost_seconds: float = 60.0):
     """The operator's reconciler over the real API (``url``: a test server instead of the cluster)."""
     from solar_operator.backends import Backends
     from solar_operator.kube import Kube, api_client
@@ -142,7 +160,7 @@ def reconciler(storage_root: Path, *, url: str | None = None, default_backend: s
 
     kube = Kube(api_client(url))
     return Reconciler(kube, Backends(kube, default=default_backend, enabled=backends), storage_root=storage_root,
-                      repo=REPO, read_nodes=read_nodes)
+                      repo=REPO, read_nodes=read_nodes, node_lost_seconds=node_lost_seconds)
 
 
 if __name__ == "__main__":

@@ -69,6 +69,7 @@ def merge_diff(old: dict, new: dict) -> dict:
     return patch
 
 
+NODE_LOST_SECONDS = 60.0   # --node-lost-seconds: a stage without elastic.nodeLostSeconds (same default)
 FINALIZER = "solarwm.io/jobs"   # on a run the operator may still create a job for (``_keep_finalizer``)
 EVENT_ATTEMPTS = 5   # tries of one Event (its first post and four later reconciles) before it counts as dropped
 
@@ -84,9 +85,10 @@ def _may_grow(p, previous: SolarRunStatus | None, job, room: int | None) -> bool
 
 class Reconciler:
     def __init__(self, kube, backend: JobBackend, *, storage_root: Path, repo: Path, clock=time.time,
-                 read_nodes: bool = False) -> None:
+                 read_nodes: bool = False, node_lost_seconds: float = NODE_LOST_SECONDS) -> None:
         self.kube, self.backend = kube, backend
         self.capacity = capacity.View(kube, read_nodes=read_nodes)
+        self.node_lost_seconds = node_lost_seconds   # the grace of stages without elastic.nodeLostSeconds
         self.storage_root, self.repo, self.clock = Path(storage_root), Path(repo), clock
         self._guard = threading.Lock()   # held only to read or flip the flags below, never across I/O
         self._running: set[tuple[str, str]] = set()
@@ -225,8 +227,8 @@ class Reconciler:
                 root / stage, final_step=plan.stage(stage).final_step,
                 validation_step=plan.stage(stage).validation_step, generation=plan.stage(stage).generation,
                 owner=(uid, stage) if uid else None))
-        pods, room = self._elastic_view(run, spec, plan, previous, jobs) if plan is not None else ({}, {})
         now = self.clock()
+        pods, room = self._pods_view(run, spec, plan, previous, jobs, now) if plan is not None else ({}, {})
         obs = machine.Observation(name, generation, now, plan=plan, invalid=invalid, jobs=jobs, files=files,
                                   diagnose=(lambda stage: failure_summary(root / stage)) if root else
                                   (lambda stage: None), pods=pods, capacity=room)
@@ -259,36 +261,47 @@ class Reconciler:
             self._seen[key] = {job.name: job.version for job in jobs.values()} | self._created.pop(key, {})
         return decision
 
-    def _elastic_view(self, run: dict, spec, plan: RunPlan, previous: SolarRunStatus | None, jobs: dict):
-        """Elastic stages not yet succeeded: their pods (``capacity.stage_pods``) and, with nodes read, how
-        many nodes could hold one of their pods now (``capacity.free_nodes``)."""
+    def _pods_view(self, run: dict, spec, plan: RunPlan, previous: SolarRunStatus | None, jobs: dict, now: float):
+        """Stages not yet succeeded that have a job or an attempt: their pods (``capacity.stage_pods``: alive,
+        unschedulable, disrupted, on the real cluster's timeline) and, for elastic ones with nodes read,
+        how many nodes could hold one of their pods now (``capacity.free_nodes``). With nodes read the
+        pods come from the shared cluster listing, else from one listing of the stage's own."""
         pods, room = {}, {}
-        stages = [p for p in plan.stages if p.elastic and not (
-            previous is not None and any(s.name == p.name and s.phase == "Succeeded" for s in previous.stages))]
+        recorded = {s.name: s for s in previous.stages} if previous is not None else {}
+        stages = [p for p in plan.stages if (jobs.get(p.name) is not None or (
+            p.name in recorded and recorded[p.name].attempt > 0)) and not (
+            p.name in recorded and recorded[p.name].phase == "Succeeded")]
         if not stages:
             return pods, room
+        # a failed or running job may be decided on now: the nodes as they are, not as a moment ago
+        fresh = any(jobs.get(p.name) is not None and jobs[p.name].phase == "Failed" for p in stages)
+        cluster = self.capacity.cluster(fresh=fresh)
         meta = run["metadata"]
         listed = {}
         for p in stages:
-            own = self.kube.list_pods(meta["namespace"], f"{RUN_LABEL}={meta['name']},{STAGE_LABEL}={p.name}")
+            selector = {RUN_LABEL: meta["name"], STAGE_LABEL: p.name}
+            own = [x for x in cluster[1] if x["metadata"].get("namespace") == meta["namespace"]
+                   and all((x["metadata"].get("labels") or {}).get(k) == v for k, v in selector.items())] \
+                if cluster is not None else \
+                self.kube.list_pods(meta["namespace"], f"{RUN_LABEL}={meta['name']},{STAGE_LABEL}={p.name}")
             job = jobs.get(p.name)
-            recorded = next((s for s in previous.stages if s.name == p.name), None) if previous else None
-            attempt = job.attempt if job is not None and job.attempt else (recorded.attempt if recorded else None)
+            attempt = job.attempt if job is not None and job.attempt else (
+                recorded[p.name].attempt if p.name in recorded else None)
             listed[p.name] = own, attempt
-        # a failed job is decided on now: the nodes as they are, not as a moment ago
-        fresh = any(jobs.get(p.name) is not None and jobs[p.name].phase == "Failed" for p in stages)
-        cluster = self.capacity.cluster(fresh=fresh)
-        room = self._room(spec, stages, listed, cluster)
+        elastic_stages = [p for p in stages if p.elastic]
+        room = self._room(spec, elastic_stages, listed, cluster)
         if not fresh and cluster is not None and any(_may_grow(p, previous, jobs.get(p.name), room[p.name])
-                                                     for p in stages):
+                                                     for p in elastic_stages):
             # so is a grow, which stops a running attempt: a listing up to CACHE_SECONDS old may show nodes
             # that a pending job has taken since (the grown attempt then waits, and shrinks again)
             cluster = self.capacity.cluster(fresh=True)
-            room = self._room(spec, stages, listed, cluster)
+            room = self._room(spec, elastic_stages, listed, cluster)
         nodes = {n["metadata"]["name"]: n for n in cluster[0]} if cluster is not None else None
         for p in stages:
             own, attempt = listed[p.name]
-            pods[p.name] = capacity.stage_pods(own, attempt, nodes, ATTEMPT_LABEL)
+            settings = machine.elastic_settings(spec, p.name)
+            lost_after = settings.nodeLostSeconds if settings is not None else self.node_lost_seconds
+            pods[p.name] = capacity.stage_pods(own, attempt, nodes, ATTEMPT_LABEL, now=now, lost_after=lost_after)
         return pods, room
 
     @staticmethod

@@ -3,7 +3,7 @@ many nodes could hold one of its pods, from plain Kubernetes API documents; ``Vi
 
 from __future__ import annotations
 
-from solar.run.elastic import Pods
+from solar.run.pods import Pods
 from solar_operator import capacity
 from solar_operator.capacity import CACHE_SECONDS, View, disruption, free_nodes, quantity, stage_pods, unschedulable
 
@@ -38,6 +38,19 @@ def _nodes(*nodes: dict) -> dict[str, dict]:
     return {n["metadata"]["name"]: n for n in nodes}
 
 
+NOW = 1_800_000_000.0
+
+
+def _why(pod: dict, nodes: dict | None) -> str | None:
+    """Why ``pod`` is disrupted now (a node lost for longer than 60 s), or None."""
+    found = disruption(pod, nodes, now=NOW, lost_after=60)
+    return found[0] if found else None
+
+
+def _stage_pods(pods: list[dict], attempt: int | None, nodes: dict | None, label: str) -> Pods:
+    return stage_pods(pods, attempt, nodes, label, now=NOW, lost_after=60)
+
+
 UNSCHEDULABLE = {"type": "PodScheduled", "status": "False", "reason": "Unschedulable",
                  "message": "0/4 nodes are available: 4 Insufficient nvidia.com/gpu."}
 
@@ -48,45 +61,116 @@ UNSCHEDULABLE = {"type": "PodScheduled", "status": "False", "reason": "Unschedul
 def test_a_disruption_target_condition_names_the_pod_and_its_reason():
     pod = _pod("job-worker-1", conditions=({"type": "DisruptionTarget", "status": "True", "reason": "PreemptionByScheduler",
                                             "message": "preempted by team-b/big"},))
-    why = disruption(pod, None)
+    why = _why(pod, None)
     assert why is not None and "job-worker-1" in why and "PreemptionByScheduler" in why and "team-b/big" in why
 
 
 def test_a_disruption_target_condition_that_is_not_true_is_no_disruption():
     pod = _pod(conditions=({"type": "DisruptionTarget", "status": "False", "reason": "PreemptionByScheduler"},))
-    assert disruption(pod, None) is None
+    assert _why(pod, None) is None
 
 
 def test_an_evicted_pod_is_named_with_its_reason():
     pod = _pod("job-master-0", phase="Failed", reason="Evicted", message="The node was low on resource: memory.")
-    why = disruption(pod, None)
+    why = _why(pod, None)
     assert why is not None and "job-master-0" in why and "Evicted" in why and "low on resource" in why
 
 
 def test_a_pod_on_a_node_that_is_gone_is_named_only_when_nodes_are_read():
     pod = _pod("job-worker-0", node="gpu-3")
-    why = disruption(pod, _nodes(_node("gpu-1")))
+    why = _why(pod, _nodes(_node("gpu-1")))
     assert why is not None and "job-worker-0" in why and "gpu-3" in why and "gone" in why
-    assert disruption(pod, None) is None
+    assert _why(pod, None) is None
 
 
 def test_a_pod_on_a_not_ready_node_is_named_only_when_nodes_are_read():
     pod = _pod("job-worker-0", node="gpu-1")
-    why = disruption(pod, _nodes(_node("gpu-1", ready=False)))
+    why = _why(pod, _nodes(_node("gpu-1", ready=False)))
     assert why is not None and "job-worker-0" in why and "gpu-1" in why and "not Ready" in why
-    assert disruption(pod, None) is None
+    assert _why(pod, None) is None
 
 
 def test_a_healthy_pod_is_not_disrupted():
     pod = _pod(node="gpu-1", conditions=({"type": "Ready", "status": "True"},))
-    assert disruption(pod, _nodes(_node("gpu-1"))) is None
-    assert disruption(pod, None) is None
-    assert disruption(_pod(phase="Pending"), _nodes(_node("gpu-1"))) is None  # not bound to a node yet
+    assert _why(pod, _nodes(_node("gpu-1"))) is None
+    assert _why(pod, None) is None
+    assert _why(_pod(phase="Pending"), _nodes(_node("gpu-1"))) is None  # not bound to a node yet
 
 
 def test_a_cordoned_but_ready_node_does_not_disrupt_its_pods():
     """Cordoning stops new pods; a drain then evicts them, which says so itself (DisruptionTarget)."""
-    assert disruption(_pod(node="gpu-1"), _nodes(_node("gpu-1", cordoned=True))) is None
+    assert _why(_pod(node="gpu-1"), _nodes(_node("gpu-1", cordoned=True))) is None
+
+
+# a node lost on a real cluster's timeline (issue 51): the grace counts from its kubelet's last heartbeat
+
+
+def _iso(t: float) -> str:
+    from solar.run.machine import iso
+
+    return iso(t)
+
+
+def _lost_node(name: str, *, heartbeat: float, transition: float, status: str = "Unknown") -> dict:
+    """A node as the node lifecycle controller leaves it: Ready Unknown since ``transition``, the last
+    heartbeat its kubelet posted kept, the unreachable NoExecute taint added."""
+    node = _node(name)
+    node["status"]["conditions"][1] = {"type": "Ready", "status": status, "reason": "NodeStatusUnknown",
+                                       "lastHeartbeatTime": _iso(heartbeat), "lastTransitionTime": _iso(transition)}
+    node["spec"]["taints"] = [{"key": "node.kubernetes.io/unreachable", "effect": "NoExecute",
+                               "timeAdded": _iso(transition)}]
+    return node
+
+
+def test_a_silent_node_disrupts_its_pods_once_its_kubelet_has_been_quiet_longer_than_the_grace():
+    pod = _pod("job-worker-1", node="gpu-2")
+    lost_at = NOW - 61
+    nodes = _nodes(_lost_node("gpu-2", heartbeat=lost_at, transition=lost_at + 45))   # Unknown 45 s later
+    found = disruption(pod, nodes, now=NOW, lost_after=60)
+    assert found is not None and found[1] == lost_at            # the loss began at the last heartbeat
+    assert "gpu-2" in found[0] and "Unknown" in found[0] and "61 s" in found[0] and "nodeLostSeconds 60" in found[0]
+    assert disruption(pod, nodes, now=NOW - 2, lost_after=60) is None   # 59 s: within the grace
+    assert disruption(pod, nodes, now=NOW, lost_after=120) is None      # a longer grace
+
+
+def test_a_node_its_kubelet_reports_not_ready_counts_from_the_transition():
+    pod = _pod("job-worker-1", node="gpu-2")
+    nodes = _nodes(_lost_node("gpu-2", heartbeat=NOW - 1, transition=NOW - 70, status="False"))
+    found = disruption(pod, nodes, now=NOW, lost_after=60)
+    assert found is not None and found[1] == NOW - 70 and "not Ready for 70 s" in found[0]
+
+
+def test_a_disruption_target_dates_the_loss_from_the_earlier_of_its_condition_and_the_node():
+    evicted = {"type": "DisruptionTarget", "status": "True", "reason": "DeletionByTaintManager",
+               "lastTransitionTime": _iso(NOW - 5)}
+    pod = _pod("job-worker-1", node="gpu-2", conditions=(evicted,))
+    assert disruption(pod, None, now=NOW, lost_after=60) == (
+        "pod job-worker-1: DisruptionTarget (DeletionByTaintManager)", NOW - 5)
+    nodes = _nodes(_lost_node("gpu-2", heartbeat=NOW - 345, transition=NOW - 300))
+    assert disruption(pod, nodes, now=NOW, lost_after=60)[1] == NOW - 345
+
+
+def test_pods_on_a_lost_node_are_not_alive_they_never_confirm_their_deletion():
+    """The taint manager's eviction leaves a pod Terminating, phase Running, on a node that does not
+    answer: a new attempt must not wait for it (the fence keeps its processes from committing)."""
+    terminating = _pod("a1-1", attempt=1, node="gpu-2")
+    terminating["metadata"]["deletionTimestamp"] = _iso(NOW - 10)
+    saving = _pod("a1-0", attempt=1, node="gpu-1")            # a healthy node's pod: still saving, wait
+    nodes = _nodes(_node("gpu-1"), _lost_node("gpu-2", heartbeat=NOW - 400, transition=NOW - 355))
+    assert _stage_pods([terminating, saving], 1, nodes, ATTEMPT).alive == 1
+    assert _stage_pods([terminating], 1, nodes, ATTEMPT).alive == 0
+    gone = _nodes(_node("gpu-1"))                              # the node object deleted
+    assert _stage_pods([terminating], 1, gone, ATTEMPT).alive == 0
+    young = _nodes(_lost_node("gpu-2", heartbeat=NOW - 20, transition=NOW - 1))   # within the grace: wait
+    assert _stage_pods([terminating], 1, young, ATTEMPT).alive == 1
+    assert _stage_pods([terminating], 1, None, ATTEMPT).alive == 1                # nodes not read: wait
+
+
+def test_a_partly_placed_attempt_is_unschedulable_and_its_disruption_dated():
+    running = _pod("a2-0", attempt=2, node="gpu-1")
+    pending = _pod("a2-1", attempt=2, phase="Pending", conditions=(UNSCHEDULABLE,))
+    pods = _stage_pods([running, pending], 2, _nodes(_node("gpu-1")), ATTEMPT)
+    assert pods == Pods(alive=2, unschedulable=True, disrupted=None, since=None)
 
 
 # unschedulable
@@ -112,37 +196,37 @@ def test_alive_counts_every_attempts_pods_that_have_not_finished():
     pods = [_pod("a1-0", attempt=1, phase="Running"), _pod("a1-1", attempt=1, phase="Succeeded"),
             _pod("a2-0", attempt=2, phase="Pending"), _pod("a2-1", attempt=2, phase="Failed"),
             _pod("a2-2", attempt=2, phase="Running")]
-    assert stage_pods(pods, 2, None, ATTEMPT).alive == 3
+    assert _stage_pods(pods, 2, None, ATTEMPT).alive == 3
 
 
 def test_only_the_current_attempts_pods_make_the_stage_unschedulable():
     old = _pod("a1-0", attempt=1, phase="Pending", conditions=(UNSCHEDULABLE,))
-    assert stage_pods([old, _pod("a2-0", attempt=2)], 2, None, ATTEMPT).unschedulable is False
+    assert _stage_pods([old, _pod("a2-0", attempt=2)], 2, None, ATTEMPT).unschedulable is False
     new = _pod("a2-1", attempt=2, phase="Pending", conditions=(UNSCHEDULABLE,))
-    assert stage_pods([old, _pod("a2-0", attempt=2), new], 2, None, ATTEMPT).unschedulable is True
+    assert _stage_pods([old, _pod("a2-0", attempt=2), new], 2, None, ATTEMPT).unschedulable is True
 
 
 def test_only_the_current_attempts_pods_make_the_stage_disrupted():
     old = _pod("a1-0", attempt=1, phase="Failed", reason="Evicted")
-    assert stage_pods([old, _pod("a2-0", attempt=2)], 2, None, ATTEMPT).disrupted is None
+    assert _stage_pods([old, _pod("a2-0", attempt=2)], 2, None, ATTEMPT).disrupted is None
     new = _pod("a2-1", attempt=2, node="gpu-9")
-    why = stage_pods([old, _pod("a2-0", attempt=2), new], 2, _nodes(_node("gpu-1")), ATTEMPT).disrupted
+    why = _stage_pods([old, _pod("a2-0", attempt=2), new], 2, _nodes(_node("gpu-1")), ATTEMPT).disrupted
     assert why is not None and "a2-1" in why and "gpu-9" in why
 
 
 def test_the_attempt_is_matched_by_the_label_given():
     pod = _pod("a2-0", attempt=2, phase="Failed", reason="Evicted")
-    assert stage_pods([pod], 2, None, ATTEMPT).disrupted is not None
-    assert stage_pods([pod], 2, None, "solarwm.io/attempt").disrupted is None  # another label: not this attempt's
+    assert _stage_pods([pod], 2, None, ATTEMPT).disrupted is not None
+    assert _stage_pods([pod], 2, None, "solarwm.io/attempt").disrupted is None  # another label: not this attempt's
 
 
 def test_without_a_current_attempt_every_pod_counts_as_current():
     pods = [_pod("a1-0", attempt=1, phase="Pending", conditions=(UNSCHEDULABLE,)), _pod("x")]
-    assert stage_pods(pods, None, None, ATTEMPT) == Pods(alive=2, unschedulable=True, disrupted=None)
+    assert _stage_pods(pods, None, None, ATTEMPT) == Pods(alive=2, unschedulable=True, disrupted=None)
 
 
 def test_no_pods_say_nothing():
-    assert stage_pods([], 3, {}, ATTEMPT) == Pods()
+    assert _stage_pods([], 3, {}, ATTEMPT) == Pods()
 
 
 # free_nodes
@@ -271,7 +355,7 @@ def test_fresh_lists_again_within_the_cache_and_refreshes_it():
 
 
 class _Cluster:
-    """Kube for ``Reconciler._elastic_view``: the stage's own pods, and nodes and pods that change
+    """Kube for ``Reconciler._pods_view``: the stage's own pods, and nodes and pods that change
     between listings (``listings``: one (nodes, pods) per listing, the last repeated)."""
 
     def __init__(self, own: list[dict], listings: list[tuple[list[dict], list[dict]]]) -> None:
@@ -326,13 +410,14 @@ def test_a_grow_the_cached_listing_allows_is_decided_on_a_fresh_one():
 
     run, spec, plan, shrunk = _elastic_run()
     mine = _pod("tiny-wan-fm-master-0", node="n1", gpus=2, uid="mine")
-    mine["metadata"]["labels"] = {"solarwm.io/attempt": "3"}
+    mine["metadata"].update(namespace="ns", labels={"solarwm.io/attempt": "3", "solarwm.io/run": "tiny-wan",
+                                                      "solarwm.io/stage": "fm"})
     nodes = [_node(f"n{i}", gpus=2) for i in range(1, 5)]
     taken = [_pod(f"other-{i}", node=f"n{i}", gpus=2) for i in (2, 3, 4)]   # a pending job bound since
     kube = _Cluster([mine], [(nodes, [mine]), (nodes, [mine, *taken])])
     reconciler = _view_of(kube)
     jobs = {"fm": JobState("tiny-wan-fm", "Running", attempt=3)}
-    _, room = reconciler._elastic_view(run, spec, plan, shrunk, jobs)
+    _, room = reconciler._pods_view(run, spec, plan, shrunk, jobs, NOW)
     assert kube.calls == 2 and room["fm"] == 1   # the cache said 4: listed again, the stage stays on 1
 
 
@@ -342,7 +427,8 @@ def test_a_stage_that_cannot_grow_is_decided_on_the_cached_listing():
 
     run, spec, plan, shrunk = _elastic_run()
     mine = _pod("tiny-wan-fm-master-0", node="n1", gpus=2, uid="mine")
-    mine["metadata"]["labels"] = {"solarwm.io/attempt": "3"}
+    mine["metadata"].update(namespace="ns", labels={"solarwm.io/attempt": "3", "solarwm.io/run": "tiny-wan",
+                                                      "solarwm.io/stage": "fm"})
     nodes = [_node(f"n{i}", gpus=2) for i in range(1, 5)]
     kube = _Cluster([mine], [(nodes, [mine]), ([], [])])
     jobs = {"fm": JobState("tiny-wan-fm", "Running", attempt=3)}
@@ -350,5 +436,5 @@ def test_a_stage_that_cannot_grow_is_decided_on_the_cached_listing():
     for previous, job in ((at_plan, jobs), (shrunk, {"fm": JobState("tiny-wan-fm", "Created", attempt=3)})):
         kube.calls = 0
         reconciler = _view_of(kube)
-        _, room = reconciler._elastic_view(run, spec, plan, previous, job)
+        _, room = reconciler._pods_view(run, spec, plan, previous, job, NOW)
         assert kube.calls == 1 and room["fm"] == 4

@@ -9,7 +9,7 @@ import copy
 
 import yaml
 
-from solar.run.elastic import Pods
+from solar.run.pods import Pods
 from solar.run.machine import ATTEMPTS_KEPT, JobState, Observation, reconcile
 from solar.run.observe import StageFiles
 from solar.run.plan import plan_run
@@ -25,27 +25,29 @@ def _spec(**elastic):
     # 4 nodes x 2 GPUs, global batch 8: 4 nodes (accumulation 1), 2 (2) and 1 (4) keep it
     doc["spec"]["topology"] = {"nodes": 4, "gpusPerNode": 2, "elastic": {"minNodes": 1, **elastic}}
     doc["spec"]["runPolicy"]["backoffLimit"] = 0
+    doc["spec"]["stages"][0]["set"].append("train.max_steps=100")   # checkpoints 6-11 are not its last
     return SolarRun.model_validate(doc).spec
 
 
 class Sim:
     """reconcile driven like the operator: jobs, pods and capacity are what the test says."""
 
-    def __init__(self, **elastic):
-        self.spec = _spec(**elastic)
+    def __init__(self, spec=None, **elastic):
+        self.spec = spec or _spec(**elastic)
         self.plan = plan_run(self.spec, "/runs/tiny-wan", repo=REPO, environ={})
         self.status, self.now = None, T0
         self.jobs: dict[str, JobState] = {}
         self.pods: dict[str, Pods] = {}
         self.capacity: dict[str, int] = {}
         self.latest: int | None = None
+        self.last_step: tuple[int, float] | None = None   # rank 0's newest step record
         self.created, self.deleted, self.events = [], [], []
         self.changes, self.costs = [], []
 
     def step(self, advance: float = 0.0):
         self.now += advance
         files = {"fm": StageFiles(exists=self.latest is not None, launched=self.latest is not None,
-                                  latest=self.latest, last_activity=self.now)}
+                                  latest=self.latest, last_activity=self.now, last_step=self.last_step)}
         obs = Observation("tiny-wan", 1, self.now, plan=self.plan, jobs=dict(self.jobs), files=files,
                           pods=dict(self.pods), capacity=dict(self.capacity))
         d = reconcile(self.spec, self.status, obs)
@@ -244,3 +246,120 @@ def test_the_attempts_list_keeps_the_last_fifty_and_counts_the_rest():
     assert sim.fm.attempts[-1].attempt == ATTEMPTS_KEPT + 8 and sim.fm.failures == 0
     size = len(sim.status.model_dump_json())
     assert size < 64 * 1024   # far under the API server's 1.5 MiB object limit
+
+
+# a real cluster's timeline (issue 51): the job still reads Running when a node is lost
+
+
+def test_a_running_attempt_whose_node_was_lost_is_replaced_at_once_and_the_cost_runs_from_the_loss():
+    sim = Sim()
+    sim.step()
+    sim.set_job("Running")
+    sim.latest = 10
+    sim.step(60)
+    lost = sim.now - 5                                          # the node's kubelet last spoke then
+    sim.pods["fm"] = Pods(disrupted="pod tiny-wan-fm-worker-1: its node n2 has been Unknown for 61 s", since=lost)
+    sim.capacity["fm"] = 3
+    d = sim.step(1)                                             # the job still reads Running
+    assert [(a.kind, a.stage) for a in d.actions] == [("delete_job", "fm")]
+    assert sim.fm.reason == "TopologyShrunk" and sim.fm.elastic.nodes == 2 and sim.fm.failures == 0
+    assert sim.fm.elastic.disruptedAt == "2027-01-15T08:00:55Z"   # T0 + 55: the loss, not the decision
+    sim.pods["fm"] = Pods()                                     # its pods are gone (or on the lost node)
+    d = sim.step(1)
+    assert d.actions[0].kind == "create_job" and d.actions[0].nodes == 2
+    sim.set_job("Running")
+    sim.last_step = (10, sim.now + 5)                           # the old attempt's step: no
+    sim.step(10)
+    assert sim.costs == []
+    sim.last_step = (11, sim.now + 20)                          # the first step past checkpoint 10
+    sim.step(30)
+    assert sim.costs == [("fm", 37.0)] and sim.fm.elastic.disruptionSeconds == 37.0   # 55 s -> 92 s
+
+
+def test_a_dead_kubelets_old_attempt_saving_after_the_loss_does_not_end_the_disruption():
+    """Its ranks keep running and may commit a checkpoint after the loss: the cost ends only with a step
+    of an attempt started since, past the checkpoint that attempt resumed."""
+    sim = Sim()
+    sim.step()
+    sim.set_job("Running")
+    sim.latest = 10
+    sim.step(60)
+    sim.pods["fm"] = Pods(disrupted="pod tiny-wan-fm-worker-1: its node n2 has been Unknown for 61 s",
+                          since=sim.now - 61)
+    sim.capacity["fm"] = 3
+    sim.step(1)
+    sim.pods["fm"] = Pods(alive=1)                              # the healthy node's pod is saving
+    sim.latest, sim.last_step = 12, (12, sim.now + 1)           # ... and commits step 12 (the old attempt)
+    sim.step(5)
+    assert sim.costs == [] and sim.fm.elastic.disruptedAt is not None
+    sim.pods["fm"] = Pods()
+    d = sim.step(5)
+    assert d.actions[0].resume_from.endswith("step_00000012")
+    sim.set_job("Running")
+    sim.step(20)
+    assert sim.costs == []
+    sim.last_step = (13, sim.now)
+    sim.step(1)
+    assert sim.costs == [("fm", 92.0)]
+
+
+def test_a_stage_that_is_not_elastic_waits_for_its_shape_after_a_disruption_not_counting_it():
+    doc = copy.deepcopy(MANIFEST)
+    doc["spec"]["topology"] = {"nodes": 2, "gpusPerNode": 1}
+    doc["spec"]["runPolicy"]["backoffLimit"] = 0
+    sim = Sim(spec=SolarRun.model_validate(doc).spec)
+    sim.step()
+    sim.set_job("Running")
+    sim.latest = 2
+    sim.step(30)
+    sim.pods["fm"] = Pods(disrupted="pod tiny-wan-fm-worker-0: DisruptionTarget (DeletionByTaintManager)")
+    d = sim.step(1)
+    assert [(a.kind, a.stage) for a in d.actions] == [("delete_job", "fm")]
+    assert sim.fm.reason == "StageDisrupted" and sim.fm.failures == 0 and sim.status.phase == "Running"
+    assert "attempt 1's pods were disrupted" in sim.fm.message and "at 2 nodes (world 2" in sim.fm.message
+    assert "resumes the newest verified checkpoint" in sim.fm.message and sim.fm.elastic is None
+    assert sim.reasons()[-1] == "StageDisrupted"
+    sim.pods["fm"] = Pods(alive=1)
+    assert not sim.step(1).actions                              # its other pod is still going
+    sim.pods["fm"] = Pods()
+    d = sim.step(1)
+    assert (d.actions[0].kind, d.actions[0].attempt, d.actions[0].nodes) == ("create_job", 2, None)
+    assert d.actions[0].resume_from.endswith("step_00000002")
+    sim.set_job("Failed", message="exit code 1")                # a failure of its own is still counted
+    sim.step(1)
+    assert sim.status.phase == "Failed" and sim.fm.reason == "BackoffLimitExceeded"
+
+
+def test_a_partly_placed_attempt_that_reads_running_shrinks_after_shrink_after_seconds():
+    sim = Sim(shrinkAfterSeconds=30)
+    sim.step()
+    sim.set_job("Running")                                      # the master runs; a worker is Pending
+    sim.pods["fm"] = Pods(unschedulable=True)
+    sim.capacity["fm"] = 3
+    sim.step(1)
+    assert sim.fm.elastic.unschedulableSince is not None and not sim.deleted
+    sim.step(20)
+    assert not sim.deleted
+    d = sim.step(11)
+    assert [a.kind for a in d.actions] == ["delete_job"] and sim.fm.reason == "TopologyShrunk"
+    assert sim.fm.elastic.nodes == 2 and "stayed unschedulable for 31 s" in sim.fm.message
+
+
+def test_no_grow_back_once_the_last_step_is_committed():
+    sim = Sim(minSecondsBetweenChanges=0)
+    sim.step()
+    sim.latest = 6
+    sim.set_job("Failed")
+    sim.pods["fm"] = Pods(disrupted="node n2 deleted")
+    sim.capacity["fm"] = 1
+    sim.step(1)
+    sim.pods["fm"] = Pods()
+    sim.step(1)
+    sim.set_job("Running")
+    sim.latest = 100                                             # train.max_steps: validation may still run
+    sim.capacity["fm"] = 4
+    sim.step(1)
+    assert len(sim.deleted) == 1 and sim.fm.elastic.grows == 0
+    sim.latest = 99                                              # (a step before it would grow)
+    sim.step(1)
+    assert len(sim.deleted) == 2 and sim.fm.elastic.grows == 1

@@ -113,3 +113,24 @@ def test_lazy_files_observe_a_stage_once_and_only_when_asked(tmp_path):
     assert list(files) == ["fm", "anyflow"] and not seen
     assert not files["fm"].exists and not files.get("fm").exists and files.get("nope") is None
     assert seen == ["fm"]
+
+
+def test_the_newest_step_record_of_rank_0_is_read_from_the_end_of_its_event_log(tmp_path):
+    """What ends a disruption's cost (the first step past the checkpoint at the new shape), read from the
+    tail of a long log, past records of other kinds and a line cut by a live writer."""
+    from solar.run import observe
+
+    run = tmp_path / "fm"
+    (run / "events").mkdir(parents=True)
+    log = run / "events" / "rank-00000.jsonl"
+    assert observe_stage(run, final_step=4, validation_step=None, generation=False).last_step is None
+    pad = "x" * 900
+    lines = [json.dumps({"event": "step", "step": i, "time": 1000.0 + i, "pad": pad}) for i in range(1, 60)]
+    lines += [json.dumps({"event": "validation", "step": 59, "time": 2000.0}), '{"event": "step", "st']
+    log.write_text("\n".join(lines))
+    assert log.stat().st_size > observe.TAIL_BYTES
+    assert observe_stage(run, final_step=4, validation_step=None, generation=False).last_step == (59, 1059.0)
+    (run / "events" / "rank-00001.jsonl").write_text(json.dumps({"event": "step", "step": 99, "time": 1.0}))
+    assert observe_stage(run, final_step=4, validation_step=None, generation=False).last_step == (59, 1059.0)
+    log.write_text(json.dumps({"event": "validation", "step": 1, "time": 5.0}) + "\n")
+    assert observe_stage(run, final_step=4, validation_step=None, generation=False).last_step is None

@@ -59,8 +59,8 @@ TOPOLOGY_SHRUNK = Reason("TopologyShrunk", "stage {stage}: {old} -> {new}: {why}
                                            "as a failure)")
 TOPOLOGY_GROWN = Reason("TopologyGrown", "stage {stage}: {old} -> {new}: {why}; attempt {attempt} stops after "
                                          "its step and saves, and the next resumes from that checkpoint")
-STAGE_DISRUPTED = Reason("StageDisrupted", "stage {stage} attempt {attempt}: {why}; the next attempt resumes the "
-                                           "newest verified checkpoint at {shape} (not counted as a failure)")
+STAGE_DISRUPTED = Reason("StageDisrupted", "stage {stage} attempt {attempt}: {why}; the next attempt {next} at "
+                                           "{shape} (not counted as a failure)")
 REOPENED = Reason("SpecChanged", "spec changed (generation {generation}): the failed run continues; stage {stage} "
                                   "resumes from its newest verified checkpoint, its failures counted anew")
 JOB_ADOPTED = Reason("JobAdopted", "stage {stage}: found its job {job} (attempt {attempt}) and continued watching it")

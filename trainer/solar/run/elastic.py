@@ -66,18 +66,6 @@ def summary(allowed: tuple[Shape, ...], t) -> str:
             f"{e.minSecondsBetweenChanges} s between changes)")
 
 
-@dataclass(frozen=True)
-class Pods:
-    """What an elastic stage's pods say (the operator reads them; ``solar run`` has none):
-    ``alive`` pods of any attempt not yet gone (a new attempt waits for them: the old ranks may still
-    be saving), whether a pending pod of the current attempt is ``unschedulable``, and why the current
-    attempt's pods were ``disrupted`` (a DisruptionTarget condition, eviction, preemption, a lost
-    node), or None."""
-    alive: int = 0
-    unschedulable: bool = False
-    disrupted: str | None = None
-
-
 def shape_at(allowed: tuple[Shape, ...], nodes: int) -> Shape | None:
     return next((s for s in allowed if s.nodes == nodes), None)
 

@@ -49,6 +49,7 @@ from dataclasses import dataclass, field
 
 from solar.run import conditions as C
 from solar.run import elastic, failure, progress_deadline, reshape, resume, success, suspend
+from solar.run.pods import Pods
 from solar.run.observe import StageFiles
 from solar.run.plan import RunInvalid, RunPlan, StagePlan, job_name
 from solar.run.spec import (
@@ -95,9 +96,10 @@ class Observation:
     files: Mapping[str, StageFiles] = field(default_factory=dict)  # stage -> its directory
     # stage -> one line of `solar diagnose` on its directory, asked only when a stage fails
     diagnose: Callable[[str], str | None] = lambda stage: None
-    # elastic stages (the operator reads pods and nodes for them): stage -> its pods; stage -> how many
-    # nodes could hold one of its pods now, counting those its own running pods hold (absent: unknown)
-    pods: Mapping[str, elastic.Pods] = field(default_factory=dict)
+    # stage -> what its pods say (the operator reads them; absent: nothing known, as under solar run);
+    # elastic stages: stage -> how many nodes could hold one of its pods now, counting those its own
+    # running pods hold (absent: unknown)
+    pods: Mapping[str, Pods] = field(default_factory=dict)
     capacity: Mapping[str, int] = field(default_factory=dict)
 
 
@@ -255,14 +257,15 @@ def _advance(r: _Run, spec: SolarRunSpec, st: StageStatus, p: StagePlan, obs: Ob
         status.step = files.latest
         _note_checkpoint(r, st, p, files.latest)
     if p.elastic:
-        _note_recovery(r, st, files.latest)
+        _note_recovery(r, st, files)
     job = obs.jobs.get(st.name)
+    pods = obs.pods.get(st.name, Pods())
     if job is not None and job.deleting:
         return False                                     # the previous attempt's job is still going away
     if job is None:
-        if p.elastic and obs.pods.get(st.name, elastic.Pods()).alive:
-            return False                                 # its pods are still going (saving on SIGTERM)
-        _start(r, st, p, files)
+        if pods.alive:
+            return False                                 # its pods are still going (saving on SIGTERM); those
+        _start(r, st, p, files)                          # on a lost node are not counted: they never confirm
         return False
     _adopt(r, st, job)
     if job.suspended_by_operator:                        # suspended for a SolarRun suspend that ended
@@ -285,16 +288,16 @@ def _advance(r: _Run, spec: SolarRunSpec, st: StageStatus, p: StagePlan, obs: Ob
             return False
         _stage_done(r, st, p, files)
         return True
+    if pods.disrupted and job.attempt in (None, st.attempt) and not job.refused:
+        # whatever the job's phase: a real cluster's job reads Running until the taint manager's
+        # eviction, minutes after the node was lost (solar.run.pods)
+        _disrupted(r, st, p, job, pods, obs.capacity.get(st.name))
+        return False
     if job.phase == "Failed":
-        pods = obs.pods.get(st.name)
-        if p.elastic and pods is not None and pods.disrupted and job.attempt in (None, st.attempt) \
-                and not job.refused:
-            _disrupted(r, spec, st, p, job, pods.disrupted, obs.capacity.get(st.name), files.latest)
-        else:
-            _job_failed(r, spec, st, job, files)
+        _job_failed(r, spec, st, job, files)
         return False
     phase = "Running" if job.phase in ("Running", "Restarting") else "Pending"
-    if p.elastic and _elastic_change(r, spec, st, p, job, phase, obs, files.latest):
+    if p.elastic and _elastic_change(r, spec, st, p, job, phase, obs, files):
         return False
     if r.stage_phase(st, phase) and phase == "Running":
         r.event("Normal", C.STAGE_RUNNING, C.STAGE_RUNNING.message(stage=st.name, attempt=st.attempt))
@@ -499,8 +502,8 @@ def _start(r: _Run, st: StageStatus, p: StagePlan, files: StageFiles) -> None:
             stage=st.name, attempt=attempt, path=start.resume_from, skipped="; ".join(files.skipped)))
 
 
-def _elastic_of(spec: SolarRunSpec, stage: str):
-    """The stage's ``topology.elastic`` settings (its own topology, else the run's)."""
+def elastic_settings(spec: SolarRunSpec, stage: str):
+    """The stage's ``topology.elastic`` settings (its own topology's, else the run's), or None."""
     own = next(s for s in spec.stages if s.name == stage).topology
     return (own or spec.topology).elastic
 
@@ -514,13 +517,14 @@ def _elastic_now(st: StageStatus, p: StagePlan) -> ElasticStatus:
 
 
 def _change_shape(r: _Run, st: StageStatus, p: StagePlan, nodes: int, reason: C.Reason, why: str,
-                  job: JobState | None, latest: int | None) -> None:
+                  job: JobState | None, since: float | None = None) -> None:
     """Record the next attempt's node count and why (its job, when given, is deleted: a running one stops
-    after its step and saves on SIGTERM, a failed one is gone); a disruption's cost starts counting."""
+    after its step and saves on SIGTERM, a failed or disrupted one is gone); a disruption's cost starts
+    counting (from ``since``, when the loss began, else now)."""
     el = _elastic_now(st, p)
     old = el.nodes
     message = reason.message(stage=st.name, old=elastic.describe(p, old), new=elastic.describe(p, nodes), why=why,
-                             attempt=st.attempt, shape=elastic.describe(p, nodes))
+                             attempt=st.attempt, shape=elastic.describe(p, nodes), next=_next_start(p))
     if job is not None:
         r.decision.actions.append(Action("delete_job", st.name, job.name))
     if nodes != old:
@@ -532,7 +536,7 @@ def _change_shape(r: _Run, st: StageStatus, p: StagePlan, nodes: int, reason: C.
         el.nextReason = f"{reason.name}: {why}"
         r.decision.shape_changes.append((st.name, "shrink" if nodes < old else "grow"))
     if reason is not C.TOPOLOGY_GROWN and el.disruptedAt is None:
-        el.disruptedAt, el.disruptedStep = iso(r.now), latest
+        el.disruptedAt, el.disruptedAttempt = iso(min(r.now, since) if since is not None else r.now), st.attempt
     el.unschedulableSince = None
     r.stage_phase(st, "Pending")
     st.reason, st.message = reason.name, message
@@ -540,33 +544,45 @@ def _change_shape(r: _Run, st: StageStatus, p: StagePlan, nodes: int, reason: C.
     r.event("Normal" if reason is C.TOPOLOGY_GROWN else "Warning", reason, message)
 
 
-def _disrupted(r: _Run, spec: SolarRunSpec, st: StageStatus, p: StagePlan, job: JobState, why: str,
-               capacity: int | None, latest: int | None) -> None:
-    """An elastic stage's attempt failed because its pods were disrupted: the next attempt resumes at
-    the largest allowed shape the cluster holds now (never larger than this one; without a capacity
-    figure, the next smaller allowed one), not counted against backoffLimit."""
+def _next_start(p: StagePlan) -> str:
+    return "resumes the newest verified checkpoint" if p.action == "train" else "continues where this one stopped"
+
+
+def _disrupted(r: _Run, st: StageStatus, p: StagePlan, job: JobState, pods: Pods, capacity: int | None) -> None:
+    """An attempt whose pods were disrupted (its job failed or, on a real cluster, still reads Running) is
+    replaced, not counted against backoffLimit. An elastic stage continues at the largest allowed shape
+    the cluster holds now (never larger than this one; without a capacity figure, the next smaller
+    allowed one); any other stage waits for its own shape (``StageDisrupted``)."""
+    why = f"attempt {st.attempt}'s pods were disrupted ({pods.disrupted})"
+    if not p.elastic:
+        message = C.STAGE_DISRUPTED.message(stage=st.name, attempt=st.attempt, why=why,
+                                            shape=elastic.describe(p, p.nodes), next=_next_start(p))
+        r.decision.actions.append(Action("delete_job", st.name, job.name))
+        r.stage_phase(st, "Pending")
+        st.reason, st.message = C.STAGE_DISRUPTED.name, message
+        r.condition(C.PROGRESSING, "True", C.STAGE_DISRUPTED, message)
+        r.event("Warning", C.STAGE_DISRUPTED, message)
+        return
     el = _elastic_now(st, p)
     if capacity is not None:
         target = elastic.largest(p.elastic, at_most=min(capacity, el.nodes)) or p.elastic[-1]
     else:
         target = elastic.largest(p.elastic, at_most=None, below=el.nodes) or elastic.shape_at(p.elastic, el.nodes)
     reason = C.TOPOLOGY_SHRUNK if target.nodes < el.nodes else C.STAGE_DISRUPTED
-    _change_shape(r, st, p, target.nodes, reason, f"attempt {st.attempt}'s pods were disrupted ({why})", job, latest)
+    _change_shape(r, st, p, target.nodes, reason, why, job, pods.since)
 
 
 def _elastic_change(r: _Run, spec: SolarRunSpec, st: StageStatus, p: StagePlan, job: JobState, phase: str,
-                    obs: Observation, latest: int | None) -> bool:
-    """An elastic stage's live attempt: shrink when its pods stay unschedulable for shrinkAfterSeconds,
-    grow back when it runs shrunk and the cluster holds a larger allowed shape (at most one change per
-    minSecondsBetweenChanges). True when the attempt is being replaced."""
-    settings = _elastic_of(spec, st.name)
+                    obs: Observation, files: StageFiles) -> bool:
+    """An elastic stage's live attempt: shrink when a pod of it stays unschedulable for shrinkAfterSeconds
+    (read from the pods, whatever the job's phase: a partly placed attempt reads Running), grow back when
+    it runs shrunk, wholly placed, its last step not yet committed, and the cluster holds a larger allowed
+    shape (at most one change per minSecondsBetweenChanges). True when the attempt is being replaced."""
+    settings = elastic_settings(spec, st.name)
     el = _elastic_now(st, p)
-    pods = obs.pods.get(st.name, elastic.Pods())
+    pods = obs.pods.get(st.name, Pods())
     capacity = obs.capacity.get(st.name)
-    if phase != "Running":
-        if not pods.unschedulable:
-            el.unschedulableSince = None
-            return False
+    if pods.unschedulable:
         since = parse_iso(el.unschedulableSince)
         if since is None:
             el.unschedulableSince = iso(r.now)
@@ -579,29 +595,47 @@ def _elastic_change(r: _Run, spec: SolarRunSpec, st: StageStatus, p: StagePlan, 
             return False   # nothing smaller fits either: keep waiting for nodes
         _change_shape(r, st, p, target.nodes, C.TOPOLOGY_SHRUNK,
                       f"attempt {st.attempt}'s pods stayed unschedulable for {waited:.0f} s "
-                      f"(shrinkAfterSeconds {settings.shrinkAfterSeconds})", job, latest)
+                      f"(shrinkAfterSeconds {settings.shrinkAfterSeconds})", job)
         return True
-    target = elastic.grown(p.elastic, nodes=el.nodes, capacity=capacity) if settings.growBack else None
+    el.unschedulableSince = None
+    if phase != "Running" or not settings.growBack:
+        return False
+    if p.final_step is not None and files.latest is not None and files.latest >= p.final_step:
+        return False       # the last step is committed: a larger shape would run no step
+    target = elastic.grown(p.elastic, nodes=el.nodes, capacity=capacity)
     if target is None:
         return False
     changed = parse_iso(el.changedAt)
     if changed is not None and r.now - changed < settings.minSecondsBetweenChanges:
         return False
     _change_shape(r, st, p, target.nodes, C.TOPOLOGY_GROWN, f"the cluster holds {capacity} node"
-                  f"{'s' if capacity != 1 else ''} for it now", job, latest)
+                  f"{'s' if capacity != 1 else ''} for it now", job)
     return True
 
 
-def _note_recovery(r: _Run, st: StageStatus, latest: int | None) -> None:
-    """A disruption's cost ends at the first checkpoint committed after it."""
+def _note_recovery(r: _Run, st: StageStatus, files: StageFiles) -> None:
+    """A disruption's cost runs from the loss to the first step past the newest checkpoint at the new
+    shape: the first step the stage's rank 0 records after an attempt started since the disruption
+    (past the checkpoint that attempt resumed); where no step record is read, the first checkpoint
+    that attempt commits."""
     el = st.elastic
-    if el is None or el.disruptedAt is None or latest is None:
+    if el is None or el.disruptedAt is None or not st.attempts:
         return
-    if el.disruptedStep is None or latest > el.disruptedStep:
-        cost = max(0.0, r.now - (parse_iso(el.disruptedAt) or r.now))
-        el.disruptionSeconds = round(el.disruptionSeconds + cost, 3)
-        el.disruptedAt = el.disruptedStep = None
-        r.decision.disruption_costs.append((st.name, cost))
+    began, attempt = parse_iso(el.disruptedAt), st.attempts[-1]
+    started = parse_iso(attempt.startTime)
+    if began is None or started is None or attempt.attempt <= (el.disruptedAttempt or 0):
+        return                           # no attempt since the disruption yet (the old one may still write)
+    base = attempt.resumedFrom or 0
+    if files.last_step is not None and files.last_step[0] > base and files.last_step[1] >= started:
+        end = files.last_step[1]
+    elif files.latest is not None and files.latest > base:
+        end = r.now
+    else:
+        return
+    cost = max(0.0, end - began)
+    el.disruptionSeconds = round(el.disruptionSeconds + cost, 3)
+    el.disruptedAt = el.disruptedAttempt = None
+    r.decision.disruption_costs.append((st.name, cost))
 
 
 def _note_checkpoint(r: _Run, st: StageStatus, p: StagePlan, step: int | None) -> None:

@@ -37,6 +37,7 @@ class StageFiles:
     skipped: tuple[str, ...] = ()           # newer checkpoints that do not verify ("<path>: <problem>")
     position: DataPosition | None = None    # the newest verified checkpoint's data/position.json, when it has one
     config: dict | None = None              # the resolved config of the directory's latest launch
+    last_step: tuple[int, float] | None = None  # rank 0's newest step record: (step, epoch seconds)
 
 
 def _document(path: Path, what: str) -> tuple[dict | None, str | None]:
@@ -132,7 +133,30 @@ def observe_stage(stage_dir: str | Path, *, final_step: int | None, validation_s
                       latest["step"] if latest else None, final, problems, marker, marker_status, activity, usage,
                       result_problem, marker_problem, tuple(skipped),
                       data_position(root / "checkpoints" / ckpt.step_name(latest["step"])) if latest else None,
-                      _latest_config(root) if launched else None)
+                      _latest_config(root) if launched else None, _last_step(root / "events" / "rank-00000.jsonl"))
+
+
+TAIL_BYTES = 16384   # the end of rank 0's event log read for its newest step record (a step record is ~1 KB)
+
+
+def _last_step(path: Path) -> tuple[int, float] | None:
+    """(step, time) of the newest ``step`` record in the last ``TAIL_BYTES`` of an event log, or None."""
+    try:
+        with open(path, "rb") as handle:
+            size = handle.seek(0, 2)
+            handle.seek(max(0, size - TAIL_BYTES))
+            tail = handle.read()
+    except OSError:
+        return None
+    for line in reversed(tail.splitlines()[1 if size > TAIL_BYTES else 0:]):   # the first may be cut
+        try:
+            record = json.loads(line)
+        except ValueError:
+            continue
+        if isinstance(record, dict) and record.get("event") == "step" and isinstance(record.get("step"), int) \
+                and isinstance(record.get("time"), (int, float)):
+            return record["step"], float(record["time"])
+    return None
 
 
 def _latest_config(root: Path) -> dict | None:

@@ -48,6 +48,11 @@ class Elastic(Doc):
     growBack: bool = Field(True, description="Resume at a larger allowed shape when the cluster can hold it.")
     minSecondsBetweenChanges: Annotated[int, Field(ge=0)] = Field(
         600, description="The least time between two changes of shape (a flapping node does not thrash the run).")
+    nodeLostSeconds: Annotated[int, Field(ge=0)] = Field(
+        60, description="How long a pod's node may be gone or not Ready (counted from its kubelet's last "
+                        "heartbeat) before the attempt is replaced while its job still runs (about Kubernetes' "
+                        "node-monitor grace period plus a margin; the taint manager's eviction comes minutes "
+                        "later).")
 
 
 class Topology(Doc):
@@ -300,11 +305,13 @@ class ElasticStatus(Doc):
                                                      "to that attempt's record when it starts).")
     shrinks: int = 0
     grows: int = 0
-    disruptedAt: str | None = Field(None, description="When the last disruption (or shrink) was seen; cleared "
-                                                      "at the next committed checkpoint step.")
-    disruptedStep: int | None = Field(None, description="The stage's newest checkpoint step then.")
-    disruptionSeconds: float = Field(0.0, description="Seconds disruptions cost so far: from each one to the "
-                                                      "next committed checkpoint step.")
+    disruptedAt: str | None = Field(None, description="When the last disruption began (the pod's DisruptionTarget "
+                                                      "or its node's loss, whichever was first; an unschedulable "
+                                                      "shrink: when it was decided); cleared once it is recovered.")
+    disruptedAttempt: int | None = Field(None, description="The attempt it replaced: a later attempt's first step "
+                                                           "past the checkpoint it resumed recovers it.")
+    disruptionSeconds: float = Field(0.0, description="Seconds disruptions cost so far: from each loss to the "
+                                                      "first step past the newest checkpoint at the new shape.")
 
 
 class StageStatus(Doc):
