@@ -166,24 +166,25 @@ def h100_cases() -> list[Case]:
 
 def h200_cases() -> list[Case]:
     """The released shapes on a 141 GB card, in priority order (Stage2's roles do not fit one card
-    unsharded at 30 blocks: 5 and 10 blocks, extrapolated). Costs from the 12-04/12-05 H200 calls."""
-    s1 = train_case("s1", S1, 30, 8, 150, need=120, target={"s_per_step": 3.0})
+    unsharded at 30 blocks: 5 and 10 blocks, extrapolated). Costs from the 12-04/12-05 H200 calls and
+    the 12-07 H100 call (about 40 s from launch to the first step's start)."""
+    s1 = train_case("s1", S1, 30, 8, 150, need=125, target={"s_per_step": 3.0})
     return [
-        s1, train_case("s05", S05, 30, 12, 90, need=75, target={"s_per_step": 0.8}),
-        infer_case("slot", INFER_S2, 3, 110, need=100, target={"gpu_path_seconds": 12.0}),
-        train_case("s2_l5", S2, 5, 12, 175, need=120),
-        train_case("s2_l10", S2, 10, 12, 180, need=125),
-        relaunch(s1, 60),
-        train_case("s05_l15", S05, 15, 200, 135, need=130),
-        train_case("s05_l15_fp8", S05, 15, 200, 140, extra=FP8, shape_note="FP8 tensorwise", need=135, of="s05_l15"),
+        s1, train_case("s05", S05, 30, 12, 95, need=80, target={"s_per_step": 0.8}),
         # the product step at 704x1280 (18,480 tokens), as shipped
-        train_case("product_704", S05, 30, 10, 150, height=704, width=1280, need=120, target={"s_per_step": 1.5},
+        train_case("product_704", S05, 30, 10, 130, height=704, width=1280, need=110, target={"s_per_step": 1.5},
                    extra=("data.height=704", "data.width=1280")),
+        infer_case("slot", INFER_S2, 3, 140, need=130, target={"gpu_path_seconds": 12.0}),
+        train_case("s2_l5", S2, 5, 12, 280, need=250),
+        train_case("s2_l10", S2, 10, 12, 290, need=260),
+        relaunch(s1, 70),
         # issue 54 item 3: the released Stage0.5 eager with every block recomputed (111.8 GiB on 12-04)
-        train_case("s05_eager_full", S05, 30, 5, 90, shape_note="every block recomputed",
+        train_case("s05_eager_full", S05, 30, 5, 80, shape_note="every block recomputed",
                    extra=("runtime.compile=false", "distributed.activation_checkpointing_skip_blocks=0")),
-        infer_case("val_s05", INFER_S05, 2, 130, passes=UNIPC50, clip="21 latents (81 frames), bidirectional"),
-        infer_case("val_s1", INFER_S1, 2, 240, passes=FLOWMAP),
+        train_case("s05_l15", S05, 15, 200, 140, need=130),
+        train_case("s05_l15_fp8", S05, 15, 200, 145, extra=FP8, shape_note="FP8 tensorwise", need=135, of="s05_l15"),
+        infer_case("val_s05", INFER_S05, 2, 150, passes=UNIPC50, clip="21 latents (81 frames), bidirectional"),
+        infer_case("val_s1", INFER_S1, 2, 260, passes=FLOWMAP),
     ]
 
 
@@ -634,11 +635,19 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--card", choices=list(CARDS), help="with --dry-run: the plan of this card")
     parser.add_argument("--tiny", action="store_true", help="the CPU smoke run on the tiny twins")
     parser.add_argument("--keep-cache", action="store_true", help="keep the compile caches of an earlier call")
+    parser.add_argument("--pick", action="append", default=[], metavar="CARD=CASE,CASE",
+                        help="the cases to run when the card is CARD (a call that may get either card)")
     args = parser.parse_args(argv)
+    picks = {}
+    for item in args.pick:
+        card_name, _, names = item.partition("=")
+        if card_name not in CARDS or not names:
+            parser.error(f"--pick {item}: use h100=CASE,CASE or h200=CASE,CASE")
+        picks[card_name] = [n for n in names.split(",") if n]
 
     if args.dry_run:
         card = args.card or (args.plan if args.plan != "auto" else "h100")
-        for doc in dry_run(card, plan_for(card, args.cases)):
+        for doc in dry_run(card, plan_for(card, args.cases or picks.get(card, []))):
             print(json.dumps(doc))
         return 0
 
@@ -646,7 +655,7 @@ def main(argv: list[str] | None = None) -> int:
     card = args.plan if args.plan != "auto" else (card_of(memory) if memory else "h100")
     if args.tiny:
         device, memory = "cpu (tiny twins)", 0
-    cases = plan_for(card, args.cases)
+    cases = plan_for(card, args.cases or picks.get(card, []))
     WORK.mkdir(parents=True, exist_ok=True)
     memory_runs.WORK = WORK   # the synthesized data lives with this run's work
     cache = WORK / "run-root" / ".cache"
