@@ -58,7 +58,7 @@ def manifest(run: dict, spec: SolarRunSpec, plan: StagePlan, job: str, *, attemp
             "imagePullPolicy": spec.imagePullPolicy,
             "command": ["torchrun"],
             "args": [f"--nproc-per-node={plan.nproc}", *plan.arguments(resume_from)],
-            "env": pod.env(run, spec, plan),
+            "env": pod.env(run, spec, plan, attempt),
             "ports": ports,
             "volumeMounts": mounts,
             "resources": stage_resources(spec, plan.name),

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 from solar.run.plan import StagePlan
 from solar.run.spec import SolarRunSpec
+from solar.storage.fence import ENV as ATTEMPT_ENV
 
 RUN_VOLUME, SHM_VOLUME, SHM_PATH = "solar-runs", "solar-shm", "/dev/shm"
 METRICS_PORT = 9400
@@ -35,7 +36,7 @@ def volumes(spec: SolarRunSpec) -> tuple[list[dict], list[dict]]:
 COMPILE_CACHES = (("TORCHINDUCTOR_CACHE_DIR", "torchinductor"), ("TRITON_CACHE_DIR", "triton"))
 
 
-def env(run: dict, spec: SolarRunSpec, plan: StagePlan) -> list[dict]:
+def env(run: dict, spec: SolarRunSpec, plan: StagePlan, attempt: int) -> list[dict]:
     """The trainer container's environment: the operator's variables, the compile caches on the run
     volume (unless ``spec.env`` names them: the user's place wins), then ``spec.env`` (whose names
     never collide with the operator's: the spec refuses SOLAR_*, PET_* and the rendezvous names)."""
@@ -46,6 +47,9 @@ def env(run: dict, spec: SolarRunSpec, plan: StagePlan) -> list[dict]:
             # recorded in run-result.json: evidence of another run is recognised (run/observe.py)
             {"name": "SOLAR_RUN_UID", "value": run["metadata"].get("uid", "")},
             {"name": "SOLAR_RUN_STAGE", "value": plan.name},
+            # the attempt's fencing token (solar.storage.fence): a process of a replaced attempt that
+            # wakes up (a healed partition, a kubelet that died with its containers running) writes nothing
+            {"name": ATTEMPT_ENV, "value": str(attempt)},
             *({"name": name, "value": f"{spec.run_root}/.cache/{leaf}"}
               for name, leaf in COMPILE_CACHES if name not in own),
             *theirs]

@@ -75,7 +75,7 @@ def manifest(run: dict, spec: SolarRunSpec, plan: StagePlan, job: str, *, attemp
     volumes, mounts = pod.volumes(spec)
     trainer = {"image": spec.image, "command": ["torchrun"],
                "args": [f"--nproc-per-node={plan.nproc}", *plan.arguments(resume_from)],
-               "numNodes": plan.nodes, "numProcPerNode": plan.nproc, "env": pod.env(run, spec, plan)}
+               "numNodes": plan.nodes, "numProcPerNode": plan.nproc, "env": pod.env(run, spec, plan, attempt)}
     resources = stage_resources(spec, plan.name)
     if resources:
         trainer["resourcesPerNode"] = resources

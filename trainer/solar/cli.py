@@ -277,11 +277,15 @@ EXIT_STATUS = """Exit status:
        `solar train ... && solar infer ...` does not go on; resume from the newest checkpoint
   2    refused before anything ran, or failed (one line `solar: error: ...`; once the launch
        began, run-result.json status failed and `solar diagnose RUN_DIR` says why)
+  3    a stale attempt (with SOLAR_ATTEMPT, which the operator and `solar run` set): a newer
+       attempt of the stage took over its output directory, so it refused to start, or it left
+       at its next write, writing nothing (one line naming both attempts); without
+       SOLAR_ATTEMPT a launch neither records nor checks a fence (the writer lock still applies)
   128+N  ended by signal N without stopping (a second signal, or runtime.stop_grace_seconds
        passed after the first)
 Alone with distributed.world_size N > 1, solar starts the N ranks and exits with their
 status; torchrun itself exits 1 (with a traceback) for any failed rank or signal, whatever
-the ranks did."""
+the ranks did (`python -m solar.launch.torchrun`, with torchrun's arguments, exits with theirs)."""
 
 def build_parser() -> argparse.ArgumentParser:
     parser = _Parser(prog="solar", description="Training and inference operations for video world "

@@ -12,6 +12,8 @@ crash. Here it carries what the ranks did, as one ``solar train`` would:
     0    complete, or stopped by SIGTERM (run-result.json ``stopped``)
     130  stopped by SIGINT (Ctrl-C): every rank finished its step and saved (run-result.json ``stopped``)
     2    refused or failed (``solar: error:`` lines; ``solar diagnose`` says why a launch failed)
+    3    a stale attempt: a newer attempt of the stage (``SOLAR_ATTEMPT``, ``solar.storage.fence``) took
+         over the output directory; nothing more was written
     128+N  a rank killed by signal N
 
 A signal to the launcher is forwarded to every rank, and the launcher waits for them up to

@@ -8,6 +8,11 @@ on, and ``usage``: this launch's GPU time, world size x wall time from the first
 the earlier launches of the same directory). A failure is recorded on each rank by
 ``run_dir.record_failure``.
 
+A launch with a fencing token (``SOLAR_ATTEMPT``: the operator's pods and ``solar run`` set it) is also
+its stage's current attempt: rank 0 refuses it when the stage records a newer attempt and otherwise
+records its token before anything else is written, and every rank checks the fence before each of its
+writes until the launch is closed (``solar.storage.fence``: a stale process exits 3, writing nothing).
+
     session = Session(resolved, dist, out, verb="training")
     session.check(lambda: ...)              # SolarError on every rank when rank 0 refuses
     try:
@@ -32,7 +37,7 @@ from solar.errors import SolarError
 from solar.launch.distributed import Dist
 from solar.launch.errors import error_type
 from solar.run.failure import REFUSED_PREFIX
-from solar.storage import run_dir
+from solar.storage import fence, run_dir
 
 
 def init_record(cfg) -> dict:
@@ -95,21 +100,38 @@ class Session:
         from solar import STARTED
 
         d = self.dist
-        verdict = None
+        verdict, stale, mine = None, False, None
         if d.rank == 0:
             try:
                 self.review = checks()
-                self.lock = run_dir.hold(self.out)   # one writer per run directory, once every check passed
+                mine = self._fence()
+                if mine is not None:
+                    fence.admit(mine)   # a stale attempt starting late writes nothing, not even the lock file
+                token, owner = (mine.token, mine.owner) if mine is not None else (None, None)
+                self.lock = run_dir.hold(self.out, token, owner)   # one writer per directory, once every check passed
+                if self.lock.fenced:
+                    print(f"solar: {self.out} is held by {self.lock.fenced}, an older attempt of this stage: it is "
+                          f"fenced (it writes nothing more); attempt {token} goes ahead", file=sys.stderr)
+                if mine is not None:
+                    fence.record(mine)
             except SolarError as exc:
-                verdict = str(exc)
-        shared = d.all_gather_object((verdict, STARTED), "prepare")
-        verdict, self.started = shared[0][0], min(started for _, started in shared)  # the first rank's start
+                verdict, stale = str(exc), isinstance(exc, fence.Stale)
+        shared = d.all_gather_object((verdict, stale, STARTED), "prepare")
+        (verdict, stale, _), self.started = shared[0], min(started for *_, started in shared)  # the first rank's start
         if verdict:
             if self.lock is not None:
                 self.lock.release()
             d.close()
+            if stale:   # not a refusal of the input: the stage went on without this attempt
+                raise fence.Stale(verdict)
             note_refusal(verdict)
             raise SolarError(verdict)
+        fence.arm(mine if d.rank == 0 else self._fence())   # every rank checks before its writes
+
+    def _fence(self) -> fence.Fence | None:
+        """This launch's fence in its run directory, None without a token (a launch by hand)."""
+        token = fence.token_from()
+        return fence.Fence(self.out, token, run_dir.owner()) if token is not None else None
 
     def open(self) -> None:
         """The launch files (rank 0), then every rank's log, events and heartbeat."""
@@ -168,6 +190,7 @@ class Session:
                 self.events.close()
             if self.rank_log is not None:
                 self.rank_log.close()
+            fence.disarm()
             d.close()
 
     def _usage(self, status: str) -> dict:

@@ -3,7 +3,8 @@
 The same validation, planner and state machine as the operator; each stage is a local
 ``torchrun --standalone`` process group instead of a PyTorchJob. The run lives in
 ``<workdir>/<metadata.name>/``: one directory per stage, ``logs/<stage>-<attempt>.log`` and
-``status.json`` (the resource's ``status``), replaced atomically after every transition. Running
+``status.json`` (the resource's ``status``), replaced atomically after every transition. Each launch
+carries its attempt number as its fencing token (``SOLAR_ATTEMPT``, ``solar.storage.fence``). Running
 the same command again continues an unfinished run (a training stage resumes from its newest
 verified checkpoint) with the manifest as it is now: an edit that a full resume allows (a longer
 ``train.max_steps``, execution keys, recipe keys listed in ``checkpoint.accept_changes``) applies,
@@ -33,6 +34,7 @@ from solar.run.observe import LazyStageFiles, observe_stage
 from solar.run.plan import RunInvalid, RunPlan, StagePlan, plan_run
 from solar.run.spec import SolarRun, SolarRunStatus, first_error
 from solar.storage.atomic import write_replace
+from solar.storage.fence import ENV as ATTEMPT_ENV
 from solar.storage.run_dir import launch_records
 
 POLL_SECONDS = 1.0
@@ -346,9 +348,10 @@ def _loop(spec, name: str, plan: RunPlan, status, jobs, status_path: Path, root:
                 jobs.pop(action.stage).stop()
             elif action.kind == "create_job":
                 p = plan.stage(action.stage)
+                # the attempt is the launch's fencing token (solar.storage.fence), as in the operator's pods
                 jobs[action.stage] = LocalJob(action.job, action.stage, _argv(p, action.resume_from),
-                                              root / "logs" / f"{action.stage}-{action.attempt}.log", echo, env,
-                                              p.stage_dir)
+                                              root / "logs" / f"{action.stage}-{action.attempt}.log", echo,
+                                              {**(env or {}), ATTEMPT_ENV: str(action.attempt)}, p.stage_dir)
         for kind, reason, message in decision.events:
             echo(f"solar run: {reason}: {message}")
         changed = status is None or decision.status != status

@@ -6,6 +6,9 @@ which the directory is fsynced so the name itself survives a crash. ``write_repl
 durable=False)`` keeps the atomic rename but skips both fsyncs: for status files rewritten many
 times a second whose newest version is only meaningful while the machine is up (heartbeats), where
 a process crash still leaves the last whole version in the page cache.
+
+Both check the stage's fence first (``solar.storage.fence.check``: nothing without a fencing token; a
+process of an attempt a newer one replaced leaves there without writing).
 """
 
 from __future__ import annotations
@@ -16,6 +19,7 @@ import secrets
 from pathlib import Path
 
 from solar.errors import SolarError
+from solar.storage import fence
 
 
 class OutputExistsError(SolarError):
@@ -48,6 +52,7 @@ def _write_temp(target: Path, data: bytes, durable: bool = True) -> Path:
 
 def write_create_only(path: str | os.PathLike[str], data: bytes, *, what: str = "output") -> Path:
     """Write ``data`` to ``path`` atomically; refuse if ``path`` exists (never overwrite)."""
+    fence.check()
     target = Path(path)
     if target.exists() or target.is_symlink():
         raise OutputExistsError(f"{what} {target} already exists; choose a new path (nothing was written)")
@@ -68,6 +73,7 @@ def write_create_only(path: str | os.PathLike[str], data: bytes, *, what: str = 
 def write_replace(path: str | os.PathLike[str], data: bytes, *, durable: bool = True) -> Path:
     """Write ``data`` to ``path`` atomically, replacing a previous version (status-like files);
     ``durable=False``: no fsync (the module's docstring says when)."""
+    fence.check()
     target = Path(path)
     tmp = _write_temp(target, data, durable)
     try:

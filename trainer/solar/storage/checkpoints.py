@@ -9,6 +9,8 @@ every member is written, ``commit`` writes ``manifest.json`` (every member with 
 then ``COMPLETE.json`` (``manifest_digest`` = BLAKE2s-256 of the manifest's exact bytes), fsyncs
 every file and directory, renames the directory to ``checkpoints/step_NNNNNNNN`` and fsyncs the
 parent. A crash leaves only a partial directory, which nothing here ever treats as a checkpoint.
+``begin`` and ``commit`` check the stage's fence (``solar.storage.fence``), the commit again right
+before its rename: a process of a replaced attempt starts or commits no checkpoint.
 """
 
 from __future__ import annotations
@@ -22,6 +24,7 @@ from pathlib import Path
 
 from solar.config.canonical import blake2s_hex, pretty_bytes
 from solar.errors import SolarError
+from solar.storage import fence
 from solar.storage.atomic import fsync_dir
 
 MANIFEST_SCHEMA = "solar.checkpoint.v1"
@@ -46,6 +49,7 @@ def step_name(step: int) -> str:
 
 
 def begin(run_dir: str | os.PathLike[str], step: int) -> Path:
+    fence.check()
     root = Path(run_dir) / "checkpoints"
     root.mkdir(parents=True, exist_ok=True)
     final = root / step_name(step)
@@ -83,6 +87,7 @@ def commit(partial: Path, *, step: int, contract: dict, roles: dict, trainer_sta
            final: Path | None = None) -> Path:
     """Write manifest + COMPLETE, fsync everything, rename into place (``checkpoints/step_NNNNNNNN``
     beside the partial, or ``final``: an export). Returns the final path."""
+    fence.check()
     files = []
     for dirpath, _dirs, names in os.walk(partial):
         for name in sorted(names):
@@ -105,6 +110,7 @@ def commit(partial: Path, *, step: int, contract: dict, roles: dict, trainer_sta
     final = Path(final) if final is not None else partial.parent / step_name(step)
     if final.exists():
         raise CheckpointError(f"{final} already exists; checkpoints are never overwritten")
+    fence.check()   # the fsyncs above may have taken long enough for a stop and a newer attempt
     os.rename(partial, final)
     fsync_dir(partial.parent)
     return final

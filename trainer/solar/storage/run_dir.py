@@ -9,6 +9,7 @@ and the per-rank event logs and heartbeats.
     heartbeat/rank-NNNNN.json   last phase, last collective entered, step, wall time, pid, host
     logs/rank-NNNNN.log         the rank's stdout/stderr and failure tracebacks, across launches
     .writer.lock                the one writer's lock (rank 0 of the live launch; released when it dies)
+    .fence.json                 the stage's current attempt (``solar.storage.fence``; launches with a token)
 """
 
 from __future__ import annotations
@@ -24,6 +25,7 @@ from pathlib import Path
 
 from solar.config.canonical import canonical_bytes, digest, pretty_bytes
 from solar.errors import SolarError
+from solar.storage import fence
 from solar.storage.atomic import write_create_only, write_replace
 
 LAUNCH_SCHEMA = "solar.launch.v1"
@@ -92,7 +94,8 @@ def prepare(output_dir: Path, resolved, *, resuming: bool, completed_step: int |
     if output_dir.exists() and not output_dir.is_dir():
         raise SolarError(f"runtime.output_dir {output_dir} is a file")
     existing = output_dir / "launch-manifest.json"
-    if not output_dir.exists() or not any(p.name != LOCK_FILE for p in output_dir.iterdir()):  # a lock alone: unused
+    # the lock and the fence alone: unused (a launch that stopped before its launch files)
+    if not output_dir.exists() or not any(p.name not in (LOCK_FILE, fence.FENCE_FILE) for p in output_dir.iterdir()):
         if resuming:
             raise SolarError(f"checkpoint.mode=full_resume but {output_dir} holds no run to resume")
         return None
@@ -143,15 +146,23 @@ class WriterLock:
     (of its open file, so no other descriptor of the file in the holder drops it; over NFS Linux
     takes it as a POSIX lock on the server), held by rank 0 of the launch for as long as it runs. The
     kernel releases it when its holder dies, so a crash never leaves a stale lock; the file itself
-    stays (its text names the latest holder: host, pid, since)."""
+    stays (its text names the latest holder: host, pid, since, and its fencing token when it has one).
 
-    def __init__(self, fd: int, path: Path) -> None:
-        self.fd, self.path = fd, path
+    A launch whose token is larger than the holder's (the holder's attempt was replaced: a SIGSTOPped
+    or partitioned process whose lock its filesystem keeps) goes ahead without the lock (``fenced``
+    names the holder): the fence stops the holder's writes, and the lock is taken, on a thread
+    waiting for it, once the holder lets go."""
+
+    def __init__(self, fd: int, path: Path, token: int | None = None, owner: dict | None = None,
+                 fenced: str | None = None) -> None:
+        self.fd, self.path, self.token, self.owner, self.fenced = fd, path, token, owner, fenced
 
     def record(self) -> None:
         """Name this process as the holder (rank 0, once the launch goes ahead)."""
+        fence.check()
         text = json.dumps({"host": socket.gethostname(), "pid": os.getpid(),
-                           "since": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())}).encode()
+                           "since": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
+                           "token": self.token, "owner": self.owner}).encode()
         os.ftruncate(self.fd, 0)
         os.pwrite(self.fd, text, 0)
 
@@ -161,10 +172,14 @@ class WriterLock:
             self.fd = -1
 
 
-def hold(output_dir: Path) -> WriterLock:
+def hold(output_dir: Path, token: int | None = None, owner: dict | None = None) -> WriterLock:
     """Take ``output_dir``'s writer lock, or a SolarError naming the live launch that holds it. Asked
-    after every other check of the launch passed (it creates the directory and the lock file)."""
+    after every other check of the launch passed (it creates the directory and the lock file). With a
+    fencing token (``token``, ``owner``: ``solar.storage.fence``) a holder of an older attempt of the
+    same stage does not hold the launch back (``WriterLock.fenced``), and a holder of a newer one
+    refuses it as stale (``fence.Stale``)."""
     import fcntl
+    import threading
 
     output_dir.mkdir(parents=True, exist_ok=True)
     path = output_dir / LOCK_FILE
@@ -172,18 +187,43 @@ def hold(output_dir: Path) -> WriterLock:
     try:
         fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
     except OSError:
+        who = _recorded(path)
+        theirs = who.get("token")
+        if token is not None and isinstance(theirs, int) and who.get("owner") == owner:
+            if theirs < token:
+                threading.Thread(target=_wait_for, args=(fd,), name="writer-lock", daemon=True).start()
+                return WriterLock(fd, path, token, owner, fenced=f"attempt {theirs} ({_holder(path)})")
+            if theirs > token:
+                os.close(fd)
+                doc = {"token": theirs, "host": who.get("host"), "pid": who.get("pid"), "since": who.get("since")}
+                raise fence.Stale(fence.Fence(output_dir, token, owner).line(doc, starting=True))
         os.close(fd)
         raise SolarError(f"runtime.output_dir {output_dir} is being written by a live launch ({_holder(path)}); "
                          "a second writer would interleave its steps and checkpoints: wait for it to end, or stop "
                          "it (SIGTERM saves a checkpoint) and resume") from None
-    return WriterLock(fd, path)
+    return WriterLock(fd, path, token, owner)
 
 
-def _holder(path: Path) -> str:
+def _wait_for(fd: int) -> None:
+    """Take the lock a fenced holder still holds, once it lets go (a daemon thread of the launch)."""
+    import fcntl
+
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX)
+    except OSError:   # the launch ended first and closed the file
+        pass
+
+
+def _recorded(path: Path) -> dict:
     try:
         who = json.loads(path.read_text() or "{}")
     except (OSError, ValueError):
-        who = {}
+        return {}
+    return who if isinstance(who, dict) else {}
+
+
+def _holder(path: Path) -> str:
+    who = _recorded(path)
     if not who.get("pid"):
         return "its holder not yet recorded"
     return f"host {who.get('host')}, pid {who.get('pid')}, since {who.get('since')}"
@@ -246,12 +286,14 @@ class EventLog:
     """Append-only JSON lines, flushed per event (fsync on error and checkpoint events)."""
 
     def __init__(self, output_dir: Path, rank: int) -> None:
+        fence.check()
         folder = output_dir / "events"
         folder.mkdir(parents=True, exist_ok=True)
         self.path = folder / f"rank-{rank:05d}.jsonl"
         self._handle = open(self.path, "a", encoding="utf-8")  # noqa: SIM115 (closed in close())
 
     def write(self, event: str, durable: bool = False, **fields) -> None:
+        fence.check()
         record = {"event": event, "time": time.time(), **fields}
         self._handle.write(json.dumps(record, sort_keys=True, allow_nan=True) + "\n")
         self._handle.flush()
@@ -267,6 +309,7 @@ class EventLog:
 
 class Heartbeat:
     def __init__(self, output_dir: Path, rank: int) -> None:
+        fence.check()
         folder = output_dir / "heartbeat"
         folder.mkdir(parents=True, exist_ok=True)
         self.path = folder / f"rank-{rank:05d}.json"
@@ -314,6 +357,7 @@ class _Tee:
         self._stream, self._log = stream, log
 
     def write(self, text: str) -> int:
+        fence.check()   # a stale process's lines stay out of the rank's log
         try:
             self._log.write(text)
         except (ValueError, OSError):  # the log was closed (late output at exit), or its volume is full
@@ -334,6 +378,7 @@ class RankLog:
     traceback the console shows only with ``SOLAR_DEBUG=1``), appended across launches."""
 
     def __init__(self, output_dir: Path, rank: int) -> None:
+        fence.check()
         folder = output_dir / "logs"
         folder.mkdir(parents=True, exist_ok=True)
         self.path = folder / f"rank-{rank:05d}.log"
@@ -344,6 +389,7 @@ class RankLog:
         self._handle.write(f"--- launch {stamp} rank {rank} pid {os.getpid()} host {socket.gethostname()}\n")
 
     def exception(self, exc: BaseException) -> None:
+        fence.check()
         try:
             self._handle.write("".join(traceback.format_exception(exc)))
             self._handle.flush()
