@@ -6,7 +6,9 @@ object endpoint (``/api/v1/...``, ``/apis/g/v/...``) itself, with what kopf 1.45
 rely on: uid / resourceVersion / creationTimestamp / generation; 409 AlreadyExists and Conflict
 (stale resourceVersion in PUT or merge patch); 422 when a JSON-patch ``test`` op fails (as the
 real apiserver does; kopf catches exactly that); a separate ``/status`` subresource; merge,
-JSON and strategic-merge (as merge) patches; PUT; finalizers; label/field selectors; watches that
+JSON and strategic-merge (as merge) patches; PUT; finalizers; graceful deletion of pods (a bound, unfinished
+pod is kept Terminating with a ``deletionTimestamp`` until a DELETE with ``gracePeriodSeconds=0``, as
+a kubelet sends once its containers stopped); label/field selectors; watches that
 resume from a resourceVersion (an event log), ``timeoutSeconds``, ``sendInitialEvents``; Tables for
 ``kubectl get`` (with a CRD's printer columns); CRDs (from YAML or created at runtime) both served as resources and stored.
 Hooks into kmock: ``__call__`` (kmock 0.8's path parser crashes on ``/api/v1/namespaces``; discovery
@@ -246,8 +248,10 @@ def fields_match(obj: dict[str, Any], selector: str) -> bool:
     return True
 
 
-def _now() -> str:
-    return datetime.datetime.now(datetime.UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
+def _now(later: float = 0) -> str:
+    """Now (plus ``later`` seconds), as the API writes times: RFC 3339, whole seconds, UTC."""
+    when = datetime.datetime.now(datetime.UTC) + datetime.timedelta(seconds=later)
+    return when.strftime("%Y-%m-%dT%H:%M:%SZ")
 
 
 # --- the emulator -------------------------------------------------------------------------------
@@ -431,7 +435,8 @@ class FaithfulEmulator(KubernetesEmulator):
         result["metadata"]["resourceVersion"] = str(self._rv)
         self.objects[key].create(copy.deepcopy(result))
         self._emit(key[0], "MODIFIED", result, old)
-        if result["metadata"].get("deletionTimestamp") and not result["metadata"].get("finalizers"):
+        if result["metadata"].get("deletionTimestamp") and not result["metadata"].get("finalizers") \
+                and not result["metadata"].get("deletionGracePeriodSeconds"):  # a pod in its grace stays
             self._remove(key, result)
         if res == CRDS:
             self.load_crd(result, store=False)
@@ -445,23 +450,63 @@ class FaithfulEmulator(KubernetesEmulator):
         self._emit(key[0], "DELETED", obj)
         return obj
 
-    def _delete(self, res: resource, key: tuple, obj: dict[str, Any], options: dict[str, Any]) -> dict[str, Any]:
-        pre = (options if isinstance(options, dict) else {}).get("preconditions") or {}
+    def _delete(self, res: resource, key: tuple, obj: dict[str, Any], options: dict[str, Any],
+                query: Any = None) -> dict[str, Any]:
+        """DELETE: preconditions, then graceful deletion for pods (``_grace``), finalizers, removal.
+
+        An object that ends up with a ``deletionTimestamp`` stays (a MODIFIED event) until its grace ends
+        (a DELETE with a shorter grace, down to 0: what a kubelet sends once the containers stopped) and
+        its finalizers are gone; the apiserver's own rule (``rest.BeforeDelete``): the
+        ``deletionTimestamp`` of a graceful deletion is the time the grace ends (now + grace), a second
+        DELETE may only shorten the grace, never lengthen it."""
+        options = options if isinstance(options, dict) else {}
+        pre = options.get("preconditions") or {}
         for field in ("uid", "resourceVersion"):
             if pre.get(field) and pre[field] != obj["metadata"].get(field):
                 raise ApiError(409, "Conflict", f"Precondition failed: {field} mismatch", name=key[2], kind=res.plural)
-        if obj["metadata"].get("finalizers"):
-            if obj["metadata"].get("deletionTimestamp"):
-                return obj
+        meta = obj["metadata"]
+        grace = self._grace(res, obj, options, query or {})
+        if meta.get("deletionTimestamp"):
+            current = meta.get("deletionGracePeriodSeconds")
+            if current is None or grace >= current:
+                return obj  # already being deleted, and no shorter grace asked for
             new = copy.deepcopy(obj)
-            new["metadata"].update(deletionTimestamp=_now(), deletionGracePeriodSeconds=0)
-            new["metadata"]["generation"] = obj["metadata"].get("generation", 1) + 1
-            self._rv += 1
-            new["metadata"]["resourceVersion"] = str(self._rv)
-            self.objects[key].create(new)
-            self._emit(key[0], "MODIFIED", new, obj)
-            return new
-        return self._remove(key, obj)
+            new["metadata"].update(deletionTimestamp=_now(grace), deletionGracePeriodSeconds=grace)
+        elif grace > 0 or meta.get("finalizers"):
+            new = copy.deepcopy(obj)
+            new["metadata"].update(deletionTimestamp=_now(grace), deletionGracePeriodSeconds=grace)
+            new["metadata"]["generation"] = meta.get("generation", 1) + 1
+        else:
+            return self._remove(key, obj)
+        if grace == 0 and not new["metadata"].get("finalizers"):
+            return self._remove(key, obj)
+        self._rv += 1
+        new["metadata"]["resourceVersion"] = str(self._rv)
+        self.objects[key].create(new)
+        self._emit(key[0], "MODIFIED", new, obj)
+        return new
+
+    @staticmethod
+    def _grace(res: resource, obj: dict[str, Any], options: dict[str, Any], query: Any) -> int:
+        """The grace period of a DELETE, in seconds. Pods only (the pod strategy's ``CheckGracefulDelete``,
+        https://kubernetes.io/docs/concepts/workloads/pods/pod-lifecycle/#pod-termination): the request's
+        ``gracePeriodSeconds`` (query or DeleteOptions body; 0 is a force deletion), else the pod's
+        ``spec.terminationGracePeriodSeconds``, else 30; 0 for a pod no node runs (unbound) or one that
+        has finished (phase Succeeded or Failed), which no kubelet needs to stop. Every other kind: 0."""
+        if (res.group, res.plural) != ("", "pods"):
+            return 0
+        asked = query.get("gracePeriodSeconds") if query.get("gracePeriodSeconds") not in (None, "") else \
+            options.get("gracePeriodSeconds")
+        if asked is None:
+            asked = (obj.get("spec") or {}).get("terminationGracePeriodSeconds", 30)
+        try:
+            grace = max(0, int(float(asked)))
+        except (TypeError, ValueError):
+            raise ApiError(400, "BadRequest", f"invalid gracePeriodSeconds {asked!r}") from None
+        if not (obj.get("spec") or {}).get("nodeName") or \
+                (obj.get("status") or {}).get("phase") in ("Succeeded", "Failed"):
+            return 0
+        return grace
 
     # -- HTTP --------------------------------------------------------------------------------------
     async def __call__(self, raw: aiohttp.web.BaseRequest) -> aiohttp.web.StreamResponse:
@@ -541,7 +586,7 @@ class FaithfulEmulator(KubernetesEmulator):
             if method == "DELETE":  # deletecollection
                 for obj in self._select(res, ns, params.get("labelSelector", ""), params.get("fieldSelector", "")):
                     key = self._key(res, obj["metadata"].get("namespace"), obj["metadata"]["name"])
-                    self._delete(res, key, self._current(key), {})
+                    self._delete(res, key, self._current(key), data, params)
                 return self._respond(raw, res, info, {"metadata": {"resourceVersion": str(self._rv)}, "items": []})
             raise ApiError(405, "MethodNotAllowed", f"{method} is not supported on collections")
         key = self._key(res, ns, t.name)
@@ -552,7 +597,7 @@ class FaithfulEmulator(KubernetesEmulator):
         if method == "GET":
             return self._respond(raw, res, info, old)
         if method == "DELETE" and t.subresource is None:
-            return self._respond(raw, res, info, self._delete(res, key, old, data))
+            return self._respond(raw, res, info, self._delete(res, key, old, data, params))
         if method == "PUT":
             if not isinstance(data, dict):
                 raise ApiError(400, "BadRequest", "the request body must be a JSON object")

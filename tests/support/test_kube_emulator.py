@@ -235,6 +235,123 @@ def test_finalizers_block_deletion(cluster: Cluster):
     assert cluster.create(WIDGETS, widget("w2"))["metadata"]["uid"] != first["metadata"]["uid"]
 
 
+PODS = "/api/v1/namespaces/default/pods"
+
+
+def pod(name: str, node: str | None = None, grace: int | None = None) -> dict:
+    spec = {"containers": [{"name": "c", "image": "busybox"}]}
+    if node:
+        spec["nodeName"] = node
+    if grace is not None:
+        spec["terminationGracePeriodSeconds"] = grace
+    return {"apiVersion": "v1", "kind": "Pod", "metadata": {"name": name}, "spec": spec}
+
+
+def running_pod(cluster: Cluster, name: str, node: str = "n1", grace: int | None = None) -> dict:
+    cluster.create(PODS, pod(name, node, grace))
+    return cluster.patch(f"{PODS}/{name}/status", {"status": {"phase": "Running"}})
+
+
+def test_pod_graceful_deletion(cluster: Cluster):
+    """A bound pod that has not finished is kept Terminating (deletionTimestamp = now + grace), until a
+    DELETE with gracePeriodSeconds=0; an unbound or finished pod goes at once; a second DELETE only
+    shortens the grace. Other kinds are not graceful."""
+    import datetime as dt
+
+    def at(text: str) -> float:
+        return dt.datetime.strptime(text, "%Y-%m-%dT%H:%M:%SZ").replace(tzinfo=dt.UTC).timestamp()
+
+    cluster.create(PODS, pod("unbound"))
+    assert cluster.delete(f"{PODS}/unbound")["metadata"]["name"] == "unbound"
+    assert http_error(cluster.get, f"{PODS}/unbound").status == 404
+
+    created = running_pod(cluster, "p")
+    rv = created["metadata"]["resourceVersion"]
+    now = dt.datetime.now(dt.UTC).timestamp()
+    marked = cluster.delete(f"{PODS}/p")
+    meta = marked["metadata"]
+    assert meta["deletionGracePeriodSeconds"] == 30                        # no spec value: 30
+    assert now + 28 <= at(meta["deletionTimestamp"]) <= now + 32           # when the grace ends
+    kept = cluster.get(f"{PODS}/p")
+    assert kept["metadata"]["deletionTimestamp"] == meta["deletionTimestamp"] and kept["status"]["phase"] == "Running"
+    events = cluster.watch(PODS, timeout=0.5, resourceVersion=rv)
+    assert [e["type"] for e in events] == ["MODIFIED"] and events[0]["object"]["metadata"]["deletionTimestamp"]
+    # status goes on changing (a kubelet reports), the pod stays; a longer grace changes nothing
+    cluster.patch(f"{PODS}/p/status", {"status": {"phase": "Running", "conditions": [{"type": "Ready",
+                                                                                      "status": "False"}]}})
+    assert cluster.delete(f"{PODS}/p", {"gracePeriodSeconds": 60})["metadata"]["deletionGracePeriodSeconds"] == 30
+    shorter = cluster.delete(f"{PODS}/p", {"gracePeriodSeconds": 5})["metadata"]
+    assert shorter["deletionGracePeriodSeconds"] == 5 and at(shorter["deletionTimestamp"]) <= now + 7
+    # the kubelet's confirmation (uid precondition, grace 0) removes it: a DELETED event
+    err = http_error(cluster.delete, f"{PODS}/p", {"gracePeriodSeconds": 0, "preconditions": {"uid": "other"}})
+    assert err.status == 409
+    cluster.delete(f"{PODS}/p", {"gracePeriodSeconds": 0, "preconditions": {"uid": meta["uid"]}})
+    assert http_error(cluster.get, f"{PODS}/p").status == 404
+    assert cluster.watch(PODS, timeout=0.5, resourceVersion=rv)[-1]["type"] == "DELETED"
+
+    running_pod(cluster, "short", grace=3)       # the pod's own terminationGracePeriodSeconds
+    assert cluster.delete(f"{PODS}/short")["metadata"]["deletionGracePeriodSeconds"] == 3
+    running_pod(cluster, "asked")                # the query's gracePeriodSeconds wins over the body's
+    marked = cluster.request("DELETE", f"{PODS}/asked", {"gracePeriodSeconds": 9}, params={"gracePeriodSeconds": "4"})
+    assert marked["metadata"]["deletionGracePeriodSeconds"] == 4
+    running_pod(cluster, "forced")               # force: gracePeriodSeconds=0 in the query
+    cluster.request("DELETE", f"{PODS}/forced", params={"gracePeriodSeconds": "0"})
+    assert http_error(cluster.get, f"{PODS}/forced").status == 404
+    running_pod(cluster, "done")                 # finished: nothing to stop
+    cluster.patch(f"{PODS}/done/status", {"status": {"phase": "Succeeded"}})
+    cluster.delete(f"{PODS}/done")
+    assert http_error(cluster.get, f"{PODS}/done").status == 404
+    cluster.create(PODS, pod("never"))           # deletecollection: each pod by the same rule
+    running_pod(cluster, "bound")
+    cluster.request("DELETE", PODS, params={"labelSelector": ""})
+    left = {p["metadata"]["name"]: p["metadata"].get("deletionTimestamp") for p in cluster.list(PODS)["items"]}
+    assert "never" not in left and left["bound"] and left["short"] and left["asked"]
+    # a graceful pod with a finalizer: gone once the grace is over (grace 0) and the finalizer removed
+    running_pod(cluster, "guarded")
+    cluster.patch(f"{PODS}/guarded", {"metadata": {"finalizers": ["example.test/guard"]}})
+    cluster.delete(f"{PODS}/guarded")
+    cluster.delete(f"{PODS}/guarded", {"gracePeriodSeconds": 0})
+    assert cluster.get(f"{PODS}/guarded")["metadata"]["deletionGracePeriodSeconds"] == 0
+    cluster.patch(f"{PODS}/guarded", {"metadata": {"finalizers": None}})
+    assert http_error(cluster.get, f"{PODS}/guarded").status == 404
+    # not a pod: no grace
+    cluster.create(CONFIGMAPS, {"metadata": {"name": "c"}})
+    cluster.delete(f"{CONFIGMAPS}/c", {"gracePeriodSeconds": 30})
+    assert http_error(cluster.get, f"{CONFIGMAPS}/c").status == 404
+
+
+def test_pod_deletion_by_kubectl_and_the_kubernetes_client(cluster: Cluster):
+    """kubectl waits for a Terminating pod (times out: nobody confirms), ``--wait=false`` leaves it
+    Terminating, ``--force --grace-period=0`` removes it; the kubernetes client's
+    ``delete_namespaced_pod`` (query and body) likewise."""
+    from kubernetes import client
+
+    cluster.create(PODS, pod("unbound"))
+    assert "deleted" in cluster.kubectl("delete", "pod", "unbound").stdout
+    running_pod(cluster, "p")
+    waited = cluster.kubectl("delete", "pod", "p", "--timeout=1s", check=False)
+    assert waited.returncode != 0 and "timed out" in waited.stderr
+    assert cluster.get(f"{PODS}/p")["metadata"]["deletionTimestamp"]
+    assert cluster.kubectl("get", "pod", "p", "-o", "jsonpath={.metadata.deletionGracePeriodSeconds}").stdout == "30"
+    running_pod(cluster, "q")
+    assert "deleted" in cluster.kubectl("delete", "pod", "q", "--wait=false").stdout
+    assert cluster.get(f"{PODS}/q")["metadata"]["deletionGracePeriodSeconds"] == 30
+    forced = cluster.kubectl("delete", "pod", "p", "q", "--force", "--grace-period=0")
+    assert forced.stdout.count("force deleted") == 2
+    assert cluster.list(PODS)["items"] == []
+
+    config = client.Configuration()
+    config.host = cluster.url
+    core = client.CoreV1Api(client.ApiClient(config))
+    running_pod(cluster, "r")
+    running_pod(cluster, "s")
+    core.delete_namespaced_pod("r", "default")
+    assert cluster.get(f"{PODS}/r")["metadata"]["deletionGracePeriodSeconds"] == 30
+    core.delete_namespaced_pod("r", "default", grace_period_seconds=0)
+    core.delete_namespaced_pod("s", "default", body=client.V1DeleteOptions(grace_period_seconds=0))
+    assert cluster.list(PODS)["items"] == []
+
+
 def test_namespaces_crds_and_events_are_served(cluster: Cluster):
     names = {i["metadata"]["name"] for i in cluster.list("/api/v1/namespaces")["items"]}
     assert {"default", "kube-system"} <= names
