@@ -30,6 +30,12 @@ before its second student update still has its critic update). Skipped cases get
     PYTHONPATH=/tmp/site:trainer:. python3 bench/gpu/recipe_run.py [--budget 560] [--out FILE] [CASE ...]
     PYTHONPATH=trainer:. python3 bench/gpu/recipe_run.py --dry-run [--card h100|h200]   # no GPU: the plan
     PYTHONPATH=trainer:. python3 bench/gpu/recipe_run.py --tiny [CASE ...]   # the CPU smoke run, tiny configs
+    ... recipe_run.py --pick h100=s2_l5,relaunch_s1_l15 --pick h200=s1,s05   # a call that may get either card
+
+On the device, run a ``git archive`` of the commit (carried) rather than the working tree, and name
+it in ``BENCH_TREE`` (every line records it); bench/RESULTS.md (2026-12-07, issue 54) has the calls.
+The committed lines (``bench/gpu/results/*-recipe-run-*.jsonl``) are read back by ``recorded()``:
+``tests/unit/config/test_recipe_run.py`` holds today's forecast to every measured peak.
 
 ``--dry-run`` resolves every case's config with its edits and prints its forecast and ``auto``'s kept
 blocks on both cards (``tests/unit/config/test_recipe_run.py`` runs it in ``make test``). ``--tiny``
@@ -527,6 +533,35 @@ def _tree() -> str:
         return head + ("+changes" if dirty else "") if head else "unknown"
     except (OSError, subprocess.SubprocessError):
         return "unknown"
+
+
+# ------------------------------------------------------------------------------- the recorded points
+
+RESULTS = REPO / "bench" / "gpu" / "results"
+
+
+def recorded() -> list[dict]:
+    """Every train or relaunch line with a measured peak in the committed ``*-recipe-run-*.jsonl``
+    files, with the card's memory from its call's start line."""
+    out = []
+    for path in sorted(RESULTS.glob("*-recipe-run-*.jsonl")):
+        memory = 0
+        for line in path.read_text().splitlines():
+            doc = json.loads(line) if line.strip() else {}
+            if doc.get("kind") == "start":
+                memory = doc["gpu_memory_bytes"]
+            elif doc.get("kind") in ("train", "relaunch") and doc.get("peak_bytes"):
+                out.append({**doc, "gpu_memory_bytes": memory, "file": path.name})
+    return out
+
+
+def compared(record: dict) -> tuple[int, int, int]:
+    """(measured peak, today's forecast of the same figure, the kept blocks today's forecast chooses)
+    of one recorded line: the whole forecast, or the critic's update alone for a Stage2 case that
+    ended before the student's first update."""
+    case = {c.name: c for c in PLANS[record["card"]]()}[record["case"]]
+    fc = forecast(case, record["gpu_memory_bytes"])
+    return record["peak_bytes"], fc[record["forecast_compared"]], fc["forecast_kept"]
 
 
 # ----------------------------------------------------------------------------------------- the summary

@@ -103,3 +103,34 @@ def test_the_summary_states_card_shape_and_target():
     assert "| s1_l15 | h100 | 81f 480x864, 15 of 30 blocks | 1.5 s/step" in rows[2]
     assert rows[2].endswith("<= 1.35 s: not met |") and "| 8/15 |" in rows[2]
     assert "not run: budget" in rows[3]
+
+
+RECORDED = rr.recorded()
+BF16 = [r for r in RECORDED if "model.fp8_linear=tensorwise" not in r["sets"]]
+
+
+def test_the_recorded_gpu_points_are_there():
+    cases = {r["case"] for r in RECORDED}
+    assert {"s1_l15", "s1_l20", "s05_l15", "s05_l20", "s2_l5", "s05_l15_fp8", "s1_l15_fp8"} <= cases
+    assert all(r["device"].startswith("NVIDIA") and r["gpu_memory_bytes"] > 0 for r in RECORDED)
+
+
+@pytest.mark.parametrize("record", BF16, ids=lambda r: f"{r['file']}:{r['case']}")
+def test_todays_forecast_holds_each_point_auto_chose_on_the_gpu(record):
+    """Issue 54 item 3, out of sample: the peaks `solar train` reached at the kept blocks `auto` chose
+    on an H100 (none of them a point the forecast was fitted on), forecast by this tree within
+    -5% / +10%, and `auto` still choosing the blocks the GPU ran with."""
+    measured, forecast, kept = rr.compared(record)
+    assert 0.95 <= forecast / measured <= 1.10, (record["case"], measured / rr.GIB, forecast / rr.GIB)
+    assert kept == record["auto_kept"]
+
+
+def test_fp8_runs_are_not_forecast_low():
+    """The forecast does not model FP8 (model.fp8_linear): an FP8 run is forecast as its bf16 twin,
+    1.20-1.25x its measured peak on the H100 (docs/memory.md). Whatever FP8 term it gains, it must not
+    forecast these measured peaks low: `auto` would keep blocks the GPU cannot hold."""
+    fp8 = [r for r in RECORDED if r not in BF16]
+    assert fp8
+    for record in fp8:
+        measured, forecast, _ = rr.compared(record)
+        assert forecast / measured >= 0.95, record["case"]
