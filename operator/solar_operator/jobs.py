@@ -2,8 +2,10 @@
 
 ``manifest``, ``webhook_problems`` and ``state`` are pure: the manifest is a function of the
 SolarRun and the stage plan. The job's container runs
-``torchrun --nproc-per-node=<gpusPerNode> -m solar <action> --config ... --set ...`` as an
-argument list (no shell; torchrun reads the PET_* variables the training operator injects). Pods
+``python -m solar.launch.torchrun --nproc-per-node=<gpusPerNode> -m solar <action> --config ... --set ...``
+as an argument list (no shell): torchrun (torch's elastic agent, which reads the PET_* variables the
+training operator injects) that exits as its ranks did, 0 after a stop on SIGTERM that saved
+(``solar.launch.torchrun``; torch's own ``torchrun`` exits 1 then, so an evicted pod read as failed). Pods
 restart through the SolarRun (``restartPolicy: Never``, job ``backoffLimit: 0``): a retry must
 resume from the newest verified checkpoint, which a plain pod restart would not do.
 
@@ -28,6 +30,9 @@ from solar_operator.pod import METRICS_PORT
 API_VERSION, KIND, PLURAL = "kubeflow.org/v1", "PyTorchJob", "pytorchjobs"
 GROUP, VERSION = "kubeflow.org", "v1"
 RES = (GROUP, VERSION, PLURAL)
+# the container's command: torchrun that exits as its ranks did (solar.launch.torchrun); python is the
+# trainer image's venv interpreter (images/trainer/Dockerfile)
+LAUNCHER = ["python", "-m", "solar.launch.torchrun"]
 RUN_LABEL, STAGE_LABEL, ATTEMPT_LABEL = "solarwm.io/run", "solarwm.io/stage", "solarwm.io/attempt"
 RESUME_ANNOTATION = "solarwm.io/resume-from"
 QUEUE_LABEL = "kueue.x-k8s.io/queue-name"
@@ -56,7 +61,7 @@ def manifest(run: dict, spec: SolarRunSpec, plan: StagePlan, job: str, *, attemp
             "name": "pytorch",
             "image": spec.image,
             "imagePullPolicy": spec.imagePullPolicy,
-            "command": ["torchrun"],
+            "command": LAUNCHER,
             "args": [f"--nproc-per-node={plan.nproc}", *plan.arguments(resume_from)],
             "env": pod.env(run, spec, plan, attempt),
             "ports": ports,

@@ -58,7 +58,7 @@ def render(doc: dict, *, default_backend: str, repo: Path, storage_root: Path | 
         reshaped = resume.planned_reshape(p, files, run.status) if storage_root is not None else None
         if reshaped is not None and reshapes is not None:
             reshapes[p.name] = reshaped
-        out.append(build(api, spec, p, job_name(meta["name"], p.name), attempt=1, resume_from=start.resume_from))
+        out.append(build(api, spec, p, job_name(meta["name"], p.name, 1), attempt=1, resume_from=start.resume_from))
     return plan, backend, out
 
 

@@ -2,7 +2,8 @@
 
 ``manifest`` and ``state`` are pure. One TrainJob per stage attempt, named, labelled and owned like
 the PyTorchJob (``jobs.manifest``), referencing a ``ClusterTrainingRuntime`` (default
-``torch-distributed``). ``spec.trainer`` carries the image, ``torchrun`` with the same argument list
+``torch-distributed``). ``spec.trainer`` carries the image, the same launcher (``python -m
+solar.launch.torchrun``: torchrun exiting as its ranks did) with the same argument list
 as the PyTorchJob's container, the node count, processes per node, resources and environment; the
 runtime's torch plugin injects the ``PET_*`` rendezvous variables torchrun reads. Everything else a
 pod needs (run volume, extra volumes, ``/dev/shm``, scheduling, pull secrets, service account,
@@ -26,6 +27,7 @@ from solar_operator import pod
 from solar_operator.jobs import (
     ATTEMPT_LABEL,
     DNS1035,
+    LAUNCHER,
     POD_LABELS,
     RESUME_ANNOTATION,
     RUN_LABEL,
@@ -73,7 +75,7 @@ def manifest(run: dict, spec: SolarRunSpec, plan: StagePlan, job: str, *, attemp
     labels = {RUN_LABEL: meta["name"], STAGE_LABEL: plan.name, "app.kubernetes.io/managed-by": "solar-operator",
               "app.kubernetes.io/part-of": "solar"}
     volumes, mounts = pod.volumes(spec)
-    trainer = {"image": spec.image, "command": ["torchrun"],
+    trainer = {"image": spec.image, "command": LAUNCHER,
                "args": [f"--nproc-per-node={plan.nproc}", *plan.arguments(resume_from)],
                "numNodes": plan.nodes, "numProcPerNode": plan.nproc, "env": pod.env(run, spec, plan, attempt)}
     resources = stage_resources(spec, plan.name)

@@ -46,7 +46,7 @@ def test_solar_run_dry_run_prints_each_stage_launch_and_writes_nothing(tmp_path)
     assert [d["stage"] for d in docs] == ["fm", "anyflow", "dmd", "generate"]
     assert proc.stdout.startswith("# solar run tiny-wan: 4 stages")
     fm = docs[0]
-    assert fm["command"][1:5] == ["-m", "torch.distributed.run", "--standalone", "--nproc-per-node=1"]
+    assert fm["command"][1:5] == ["-m", "solar.launch.torchrun", "--standalone", "--nproc-per-node=1"]
     assert f"runtime.output_dir={tmp_path / 'runs' / 'tiny-wan' / 'fm'}" in fm["command"]
     assert fm["env"] == {"NCCL_DEBUG": "WARN"}
     assert snapshot(tmp_path) == before  # not even the work directory, and no file rewritten
@@ -68,8 +68,8 @@ def test_render_prints_the_jobs_the_operator_would_create(backend, crd, version,
                      cwd=tmp_path)
     assert proc.returncode == 0, proc.stderr
     jobs = [d for d in yaml.safe_load_all(proc.stdout) if d]
-    assert [j["metadata"]["name"] for j in jobs] == ["tiny-wan-fm", "tiny-wan-anyflow", "tiny-wan-dmd",
-                                                    "tiny-wan-generate"]
+    assert [j["metadata"]["name"] for j in jobs] == ["tiny-wan-fm-1", "tiny-wan-anyflow-1", "tiny-wan-dmd-1",
+                                                    "tiny-wan-generate-1"]
     for job in jobs:
         validator.validate(job)
         assert job["metadata"]["labels"]["kueue.x-k8s.io/queue-name"] == "gpu"

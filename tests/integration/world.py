@@ -145,12 +145,13 @@ class World:
     # -- the operator -----------------------------------------------------------------------------
     @contextmanager
     def operator(self, poll_seconds: float = 0.3, default_backend: str = "PyTorchJob",
-                 backends: tuple[str, ...] = ("PyTorchJob", "TrainJob"), read_nodes: bool = False):
+                 backends: tuple[str, ...] = ("PyTorchJob", "TrainJob"), read_nodes: bool = False,
+                 node_lost_seconds: float = 60.0):
         from solar_operator import handlers
         from solar_operator.main import reconciler
 
         self.reconciler = reconciler(self.storage, url=self.cluster.url, default_backend=default_backend,
-                                     backends=backends, read_nodes=read_nodes)
+                                     backends=backends, read_nodes=read_nodes, node_lost_seconds=node_lost_seconds)
         with run_kopf_operator(lambda registry: handlers.register(registry, poll_seconds=poll_seconds,
                                                                   backends=backends),
                                self.cluster, memo=kopf.Memo(runs=self.reconciler)) as running:

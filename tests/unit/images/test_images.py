@@ -291,7 +291,7 @@ def stage_jobs() -> list[dict]:
         run = SolarRun.model_validate(doc)
         plan = plan_run(run.spec, f"{run.spec.storage.mountPath}/{run.spec.storage.path}", repo=REPO, environ={})
         for stage in plan.stages:
-            built.append(jobs.manifest(doc, run.spec, stage, job_name(doc["metadata"]["name"], stage.name),
+            built.append(jobs.manifest(doc, run.spec, stage, job_name(doc["metadata"]["name"], stage.name, 1),
                                        attempt=1, resume_from=None))
     assert built
     return built
@@ -477,20 +477,21 @@ def test_each_image_installs_its_own_extra(trainer, operator):
 
 def test_the_trainer_runs_what_the_operators_pytorchjob_launches(trainer, stage_jobs):
     final = trainer.final
-    assert final.last("ENTRYPOINT") is None, "an ENTRYPOINT would wrap the job's `command: [torchrun]`"
+    assert final.last("ENTRYPOINT") is None, "an ENTRYPOINT would wrap the job's command (python -m ...)"
     env = final.env()
     assert env.get("PYTHONUNBUFFERED") == "1"
-    # torchrun and solar are console scripts of the venv that the build stage fills and PATH leads to.
+    # python (the venv's), torchrun and solar come from the venv that the build stage fills and PATH leads to.
     venv = [dest for sources, dest, inst in copies(final) if inst.flags.get("from")]
     assert venv and all(f"{d}/bin" in env["PATH"].split(":") for d in venv)
     venv_bin = Path(sys.executable).parent
     assert shutil.which("torchrun", path=str(venv_bin)), "torch provides the torchrun console script"
+    assert shutil.which("python", path=str(venv_bin)), "a venv has python, which the jobs' command runs"
     cmd = final.last("CMD").exec_form
     assert cmd and cmd[0] in PYPROJECT["project"]["scripts"]
     ports = set()
     for job in stage_jobs:
         for container in _containers(job):
-            assert container["command"] == ["torchrun"]
+            assert container["command"] == ["python", "-m", "solar.launch.torchrun"]
             args = container["args"]
             assert args[0].startswith("--nproc-per-node=")
             at = args.index("-m")

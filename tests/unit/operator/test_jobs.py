@@ -26,7 +26,7 @@ def _run(path="examples/solarrun-tiny.yaml"):
 def _jobs(path):
     doc, spec, plan = _run(path)
     for stage in plan.stages:
-        yield jobs.manifest(doc, spec, stage, job_name(doc["metadata"]["name"], stage.name), attempt=1,
+        yield jobs.manifest(doc, spec, stage, job_name(doc["metadata"]["name"], stage.name, 1), attempt=1,
                                resume_from=None)
 
 
@@ -42,7 +42,7 @@ def test_every_stage_job_validates_against_the_upstream_crd_and_webhook(path):
 def test_job_shape_follows_the_contract():
     built = list(_jobs("examples/solarrun-wan22-ti2v-5b.yaml"))
     fm, generate = built[0], built[-1]
-    assert fm["metadata"]["name"] == "wan5b-camera-fm"
+    assert fm["metadata"]["name"] == "wan5b-camera-fm-1"
     assert fm["metadata"]["labels"]["solarwm.io/run"] == "wan5b-camera"
     assert fm["metadata"]["labels"]["solarwm.io/stage"] == "fm"
     owner = fm["metadata"]["ownerReferences"][0]
@@ -52,7 +52,7 @@ def test_job_shape_follows_the_contract():
     assert fm["spec"]["nprocPerNode"] == "8"
     assert set(generate["spec"]["pytorchReplicaSpecs"]) == {"Master"}  # one node: Master only
     container = specs["Master"]["template"]["spec"]["containers"][0]
-    assert container["name"] == "pytorch" and container["command"] == ["torchrun"]
+    assert container["name"] == "pytorch" and container["command"] == ["python", "-m", "solar.launch.torchrun"]
     args = container["args"]
     assert args[:6] == ["--nproc-per-node=8", "-m", "solar", "train", "--config",
                         "configs/solar_wm/wan22_ti2v_5b/train_stage0p5_fm_81f.yaml"]
@@ -127,7 +127,7 @@ def test_ownership_needs_the_run_label_and_a_controller_reference_to_that_run():
 
 def test_a_stage_on_fewer_gpus_requests_its_own_resources():
     doc, spec, plan = _run("examples/solarrun-minimax-h3.yaml")
-    built = {s.name: jobs.manifest(doc, spec, s, job_name("h3-camera", s.name), attempt=1, resume_from=None)
+    built = {s.name: jobs.manifest(doc, spec, s, job_name("h3-camera", s.name, 1), attempt=1, resume_from=None)
              for s in plan.stages}
 
     def container(job):

@@ -39,7 +39,7 @@ def _built(kind, **spec):
     run = SolarRun.model_validate(doc)
     plan = plan_run(run.spec, run.spec.run_root, repo=REPO, environ={})
     module = jobs if kind == "PyTorchJob" else trainjobs
-    return [module.manifest(doc, run.spec, p, job_name(doc["metadata"]["name"], p.name), attempt=1, resume_from=None)
+    return [module.manifest(doc, run.spec, p, job_name(doc["metadata"]["name"], p.name, 1), attempt=1, resume_from=None)
             for p in plan.stages]
 
 
@@ -119,7 +119,7 @@ def test_the_trainjob_carries_the_pytorchjobs_command_name_labels_and_owner():
         assert tj["metadata"][key] == py["metadata"][key]
     container = py["spec"]["pytorchReplicaSpecs"]["Master"]["template"]["spec"]["containers"][0]
     trainer = tj["spec"]["trainer"]
-    assert trainer["command"] == container["command"] == ["torchrun"] and trainer["args"] == container["args"]
+    assert trainer["command"] == container["command"] == ["python", "-m", "solar.launch.torchrun"] and trainer["args"] == container["args"]
     assert (trainer["numNodes"], trainer["numProcPerNode"]) == (32, 8)
     assert trainer["resourcesPerNode"] == container["resources"] and trainer["image"] == container["image"]
     assert tj["spec"]["runtimeRef"] == {"apiGroup": "trainer.kubeflow.org", "kind": "ClusterTrainingRuntime",
@@ -195,7 +195,7 @@ def test_the_trainjob_kueue_example_plans_and_every_job_validates():
     plan = plan_run(run.spec, run.spec.run_root, repo=REPO, environ={})
     validator = jsonschema.Draft7Validator(_schema("TrainJob"))
     for p in plan.stages:
-        job = trainjobs.manifest(doc, run.spec, p, job_name("wan5b-camera-tj", p.name), attempt=1, resume_from=None)
+        job = trainjobs.manifest(doc, run.spec, p, job_name("wan5b-camera-tj", p.name, 1), attempt=1, resume_from=None)
         validator.validate(job)
         assert trainjobs.admission_problems(job) == []
         assert job["metadata"]["labels"]["kueue.x-k8s.io/queue-name"] == "gpu-queue"

@@ -72,11 +72,11 @@ class Sim:
 def test_a_run_advances_stage_by_stage_to_succeeded():
     sim = Sim()
     d = sim.step()
-    assert [a.stage for a in d.actions] == ["fm"] and d.actions[0].job == "tiny-wan-fm"
+    assert [a.stage for a in d.actions] == ["fm"] and d.actions[0].job == "tiny-wan-fm-1"
     assert sim.status.phase == "Running" and sim.status.currentStage == "fm"
     assert sim.condition("Validated").status == "True" and sim.condition("Progressing").reason == "StageStarted"
     assert sim.status.topology.worldSize == 1 and sim.status.stages[0].attempt == 1
-    sim.jobs["fm"] = JobState("tiny-wan-fm", "Running")
+    sim.jobs["fm"] = JobState("tiny-wan-fm-1", "Running")
     sim.step()
     assert sim.status.stages[0].phase == "Running" and not sim.created[1:]
     for stage, nxt in (("fm", "anyflow"), ("anyflow", "dmd"), ("dmd", "generate")):
@@ -128,7 +128,7 @@ def test_failed_jobs_retry_from_the_last_checkpoint_until_the_backoff_limit():
     sim.step()
     sim.files["fm"] = StageFiles(exists=True, launched=True, result="failed", result_error="non_finite",
                                  latest=2, last_activity=T0)
-    sim.jobs["fm"] = JobState("tiny-wan-fm", "Failed", "exit code 1")
+    sim.jobs["fm"] = JobState("tiny-wan-fm-1", "Failed", "exit code 1")
     d = sim.step()
     assert [(a.kind, a.stage) for a in d.actions] == [("delete_job", "fm")]
     assert d.job_failures == [("fm", "non_finite")]  # counted once, by the trainer's error type
@@ -137,7 +137,7 @@ def test_failed_jobs_retry_from_the_last_checkpoint_until_the_backoff_limit():
     assert not d.job_failures
     assert d.actions[0].kind == "create_job" and d.actions[0].attempt == 2
     assert d.actions[0].resume_from == "/runs/tiny-wan/fm/checkpoints/step_00000002"
-    sim.jobs["fm"] = JobState("tiny-wan-fm", "Failed", "exit code 1")
+    sim.jobs["fm"] = JobState("tiny-wan-fm-1", "Failed", "exit code 1")
     sim.step()
     assert sim.status.phase == "Failed" and sim.condition("Failed").reason == "BackoffLimitExceeded"
     assert "failed 2 times" in sim.status.stage("fm").message
@@ -148,9 +148,9 @@ def _failed_past_the_limit(sim):
     sim.step()
     sim.files["fm"] = StageFiles(exists=True, launched=True, result="failed", result_error="non_finite",
                                  latest=2, last_activity=T0)
-    sim.jobs["fm"] = JobState("tiny-wan-fm", "Failed", "exit code 1", attempt=1)
+    sim.jobs["fm"] = JobState("tiny-wan-fm-1", "Failed", "exit code 1", attempt=1)
     sim.step()
-    assert sim.status.phase == "Failed" and "tiny-wan-fm" in [j.name for j in sim.jobs.values()]
+    assert sim.status.phase == "Failed" and "tiny-wan-fm-1" in [j.name for j in sim.jobs.values()]
 
 
 def test_a_failed_run_continues_when_its_spec_changes():
@@ -164,7 +164,7 @@ def test_a_failed_run_continues_when_its_spec_changes():
     d = sim.step(generation=2)
     assert d.actions[0].kind == "create_job" and d.actions[0].attempt == 2
     assert d.actions[0].resume_from == "/runs/tiny-wan/fm/checkpoints/step_00000002"
-    sim.jobs["fm"] = JobState("tiny-wan-fm", "Failed", "exit code 1", attempt=2)
+    sim.jobs["fm"] = JobState("tiny-wan-fm-2", "Failed", "exit code 1", attempt=2)
     sim.step(generation=2)
     assert sim.status.phase == "Failed" and sim.status.stage("fm").failures == 1  # its backoffLimit again
 
@@ -172,7 +172,7 @@ def test_a_failed_run_continues_when_its_spec_changes():
 def test_a_trainer_that_refused_its_input_is_not_retried():
     sim = Sim(_spec(backoffLimit=3))
     sim.step()
-    sim.jobs["fm"] = JobState("tiny-wan-fm", "Failed", "exit code 1: data.root /nope does not exist", attempt=1,
+    sim.jobs["fm"] = JobState("tiny-wan-fm-1", "Failed", "exit code 1: data.root /nope does not exist", attempt=1,
                               refused=True)
     d = sim.step()
     assert sim.status.phase == "Failed" and sim.condition("Failed").reason == "InputRefused"
@@ -221,7 +221,7 @@ def test_a_stage_that_met_a_full_or_failing_volume_fails_without_spending_its_re
     message = "rank 0: checkpoint step 4: no space left on the volume of /runs/tiny-wan/fm/checkpoints (0 B free)"
     sim.files["fm"] = StageFiles(exists=True, launched=True, result="failed", result_error=error_type,
                                  result_message=message, latest=2, last_activity=T0)
-    sim.jobs["fm"] = JobState("tiny-wan-fm", "Failed", "exit code 1")
+    sim.jobs["fm"] = JobState("tiny-wan-fm-1", "Failed", "exit code 1")
     d = sim.step()
     assert not d.actions  # no delete, no retry: the job is kept for inspection
     assert d.job_failures == [("fm", error_type)]
@@ -236,7 +236,7 @@ def test_a_retry_passing_over_a_corrupt_newer_checkpoint_says_so():
     bad = "/runs/tiny-wan/fm/checkpoints/step_00000003: member model/live.safetensors has 10 bytes"
     sim.files["fm"] = StageFiles(exists=True, launched=True, result="failed", result_error="error", latest=2,
                                  skipped=(bad,), last_activity=T0)
-    sim.jobs["fm"] = JobState("tiny-wan-fm", "Failed", "exit code 1")
+    sim.jobs["fm"] = JobState("tiny-wan-fm-1", "Failed", "exit code 1")
     sim.step()
     d = sim.step()
     assert d.actions[0].resume_from == "/runs/tiny-wan/fm/checkpoints/step_00000002"
@@ -247,7 +247,7 @@ def test_a_retry_passing_over_a_corrupt_newer_checkpoint_says_so():
 def test_a_retry_waits_for_the_old_job_to_go_and_refuses_a_used_directory_without_checkpoint():
     sim = Sim()
     sim.step()
-    sim.jobs["fm"] = JobState("tiny-wan-fm", "Failed", deleting=True)
+    sim.jobs["fm"] = JobState("tiny-wan-fm-1", "Failed", deleting=True)
     assert not sim.step().actions
     sim.jobs.pop("fm")
     sim.files["fm"] = StageFiles(exists=True, launched=True, result="failed")
@@ -258,7 +258,7 @@ def test_a_retry_waits_for_the_old_job_to_go_and_refuses_a_used_directory_withou
 def test_progress_deadline_fails_a_silent_stage_and_deletes_its_job():
     sim = Sim(_spec(progressDeadlineSeconds=600))
     sim.step()
-    sim.jobs["fm"] = JobState("tiny-wan-fm", "Running")
+    sim.jobs["fm"] = JobState("tiny-wan-fm-1", "Running")
     sim.files["fm"] = StageFiles(exists=True, launched=True, last_activity=T0 + 100)
     sim.now = T0 + 650
     assert not sim.step().actions and sim.status.phase == "Running"  # heartbeat 550 s ago
@@ -274,14 +274,14 @@ def test_a_finished_run_deletes_the_jobs_its_verdict_still_lists_and_nothing_els
     starts an attempt."""
     sim = Sim(_spec(progressDeadlineSeconds=600))
     sim.step()
-    sim.jobs["fm"] = JobState("tiny-wan-fm", "Running")
+    sim.jobs["fm"] = JobState("tiny-wan-fm-1", "Running")
     sim.now = T0 + 700
     verdict = reconcile(sim.spec, sim.status, Observation("tiny-wan", 1, sim.now, plan=PLAN, jobs=dict(sim.jobs)))
-    assert [(a.kind, a.job) for a in verdict.actions] == [("delete_job", "tiny-wan-fm")]
+    assert [(a.kind, a.job) for a in verdict.actions] == [("delete_job", "tiny-wan-fm-1")]
     assert verdict.status.phase == "Failed" and verdict.status.jobsToDelete is None  # the operator adds it
-    written = verdict.status.model_copy(update={"jobsToDelete": ["tiny-wan-fm"]})
-    for jobs, deletes in (({"fm": sim.jobs["fm"]}, ["tiny-wan-fm"]), ({}, []),
-                          ({"fm": JobState("tiny-wan-fm", "Running", deleting=True)}, [])):
+    written = verdict.status.model_copy(update={"jobsToDelete": ["tiny-wan-fm-1"]})
+    for jobs, deletes in (({"fm": sim.jobs["fm"]}, ["tiny-wan-fm-1"]), ({}, []),
+                          ({"fm": JobState("tiny-wan-fm-1", "Running", deleting=True)}, [])):
         d = reconcile(sim.spec, written, Observation("tiny-wan", 1, sim.now + 10, plan=PLAN, jobs=jobs))
         assert [(a.kind, a.stage, a.job) for a in d.actions] == [("delete_job", "fm", job) for job in deletes]
         assert d.status.jobsToDelete is None and d.status.phase == "Failed" and not d.events
@@ -295,7 +295,7 @@ def test_suspend_deletes_the_job_and_resume_continues_from_the_checkpoint():
     sim.step()
     sim.succeed("fm")
     sim.step()
-    sim.jobs["anyflow"] = JobState("tiny-wan-anyflow", "Running")
+    sim.jobs["anyflow"] = JobState("tiny-wan-anyflow-1", "Running")
     sim.files["anyflow"] = StageFiles(exists=True, launched=True, latest=2,
                                       last_activity=T0)
     sim.spec = _spec(suspend=True)
@@ -318,15 +318,15 @@ def test_a_job_kept_suspended_by_the_operator_is_replaced_on_resume():
     sim = Sim()
     sim.step()
     sim.files["fm"] = StageFiles(exists=True, launched=True, latest=2, last_activity=T0)
-    sim.jobs["fm"] = JobState("tiny-wan-fm", "Running", attempt=1)
+    sim.jobs["fm"] = JobState("tiny-wan-fm-1", "Running", attempt=1)
     sim.spec = _spec(suspend=True)
     d = sim.step(generation=2)
     assert [a.kind for a in d.actions] == ["suspend_job"]
-    sim.jobs["fm"] = JobState("tiny-wan-fm", "Suspended", attempt=1, suspended=True, suspended_by_operator=True)
+    sim.jobs["fm"] = JobState("tiny-wan-fm-1", "Suspended", attempt=1, suspended=True, suspended_by_operator=True)
     assert not sim.step(generation=2).actions and sim.status.phase == "Suspended"
     sim.spec = _spec(suspend=False)
     d = sim.step(generation=3)
-    assert [(a.kind, a.job) for a in d.actions] == [("delete_job", "tiny-wan-fm")]
+    assert [(a.kind, a.job) for a in d.actions] == [("delete_job", "tiny-wan-fm-1")]
     assert "fm" not in sim.jobs and sim.status.phase == "Running"
     d = sim.step(generation=3)
     assert d.actions[0].kind == "create_job" and d.actions[0].resume_from.endswith("step_00000002")
@@ -336,7 +336,7 @@ def test_a_job_kept_suspended_by_the_operator_is_replaced_on_resume():
 def test_a_job_its_queue_holds_is_queued_and_the_deadline_waits_for_admission():
     sim = Sim(_spec(progressDeadlineSeconds=600))
     sim.step()
-    sim.jobs["fm"] = JobState("tiny-wan-fm", "Suspended", attempt=1, created=T0, suspended=True)
+    sim.jobs["fm"] = JobState("tiny-wan-fm-1", "Suspended", attempt=1, created=T0, suspended=True)
     sim.now = T0 + 3600  # an hour in the queue: longer than the deadline
     d = sim.step()
     assert not d.actions and sim.status.phase == "Running"
@@ -344,7 +344,7 @@ def test_a_job_its_queue_holds_is_queued_and_the_deadline_waits_for_admission():
     assert sim.condition("Progressing").reason == "Queued" and ("Normal", "Queued") in [e[:2] for e in d.events]
     assert not [e for e in sim.step().events if e[1] == "Queued"]  # said once
     sim.now = T0 + 3700  # admitted: the deadline runs from here
-    sim.jobs["fm"] = JobState("tiny-wan-fm", "Running", attempt=1, created=T0)
+    sim.jobs["fm"] = JobState("tiny-wan-fm-1", "Running", attempt=1, created=T0)
     d = sim.step()
     assert not d.actions and sim.status.stage("fm").admittedTime is not None
     assert sim.status.stage("fm").reason is None and sim.condition("Progressing").reason == "StageRunning"
@@ -357,13 +357,13 @@ def test_a_job_its_queue_holds_is_queued_and_the_deadline_waits_for_admission():
 def test_a_job_its_queue_takes_back_is_replaced_by_an_attempt_from_the_checkpoint():
     sim = Sim()
     sim.step()
-    sim.jobs["fm"] = JobState("tiny-wan-fm", "Running", attempt=1, created=T0)
+    sim.jobs["fm"] = JobState("tiny-wan-fm-1", "Running", attempt=1, created=T0)
     sim.files["fm"] = StageFiles(exists=True, launched=True, latest=2, last_activity=T0)
     sim.step()
     assert sim.status.stage("fm").phase == "Running"
-    sim.jobs["fm"] = JobState("tiny-wan-fm", "Suspended", attempt=1, created=T0, suspended=True)  # preempted
+    sim.jobs["fm"] = JobState("tiny-wan-fm-1", "Suspended", attempt=1, created=T0, suspended=True)  # preempted
     d = sim.step()
-    assert [(a.kind, a.job) for a in d.actions] == [("delete_job", "tiny-wan-fm")]
+    assert [(a.kind, a.job) for a in d.actions] == [("delete_job", "tiny-wan-fm-1")]
     assert sim.condition("Progressing").reason == "StagePreempted" and sim.status.phase == "Running"
     d = sim.step()
     assert d.actions[0].kind == "create_job" and d.actions[0].resume_from.endswith("step_00000002")
@@ -377,7 +377,7 @@ def test_a_suspend_suspends_the_running_stage_when_the_previous_success_was_not_
     sim = Sim()
     sim.step()
     sim.succeed("fm")
-    sim.jobs["anyflow"] = JobState("tiny-wan-anyflow", "Running", attempt=1)  # the status still says fm
+    sim.jobs["anyflow"] = JobState("tiny-wan-anyflow-1", "Running", attempt=1)  # the status still says fm
     sim.spec = _spec(suspend=True)
     d = sim.step(generation=2)
     assert [(a.kind, a.stage) for a in d.actions] == [("suspend_job", "anyflow")]  # PyTorchJob: deleted
@@ -396,11 +396,11 @@ def test_a_failed_job_seen_again_after_its_failure_was_recorded_is_deleted_not_c
     counts nothing twice."""
     sim = Sim()
     sim.step()
-    sim.jobs["fm"] = JobState("tiny-wan-fm", "Failed", "exit code 1", attempt=1)
+    sim.jobs["fm"] = JobState("tiny-wan-fm-1", "Failed", "exit code 1", attempt=1)
     d = sim.step()
     assert [(a.kind, a.stage) for a in d.actions] == [("delete_job", "fm")]
     assert sim.status.stage("fm").failures == 1 and [e[1] for e in d.events] == ["JobFailed"]
-    sim.jobs["fm"] = JobState("tiny-wan-fm", "Failed", "exit code 1", attempt=1)  # the delete did not happen
+    sim.jobs["fm"] = JobState("tiny-wan-fm-1", "Failed", "exit code 1", attempt=1)  # the delete did not happen
     d = sim.step()
     assert [(a.kind, a.stage) for a in d.actions] == [("delete_job", "fm")] and not d.events
     assert sim.status.stage("fm").failures == 1 and sim.status.stage("fm").attempt == 1
@@ -410,10 +410,10 @@ def test_a_failed_job_seen_again_after_its_failure_was_recorded_is_deleted_not_c
     # attempt 2 adopted from the jobs (the status write that recorded its start was lost) and failed:
     # a failure of its own, counted
     sim.status.stages[0].attempt, sim.status.stages[0].reason = 1, "JobFailed"
-    sim.jobs["fm"] = JobState("tiny-wan-fm", "Running", attempt=2)
+    sim.jobs["fm"] = JobState("tiny-wan-fm-2", "Running", attempt=2)
     sim.step()
     assert sim.status.stage("fm").attempt == 2 and sim.status.stage("fm").reason is None
-    sim.jobs["fm"] = JobState("tiny-wan-fm", "Failed", "exit code 1", attempt=2)
+    sim.jobs["fm"] = JobState("tiny-wan-fm-2", "Failed", "exit code 1", attempt=2)
     d = sim.step()
     assert sim.status.stage("fm").failures == 2 and [e[1] for e in d.events] == ["BackoffLimitExceeded"]  # limit 1
 
@@ -424,7 +424,7 @@ def test_conditions_keep_their_transition_time_while_unchanged():
     sim.step()
     first = sim.condition("Validated").lastTransitionTime
     sim.now += 120
-    sim.jobs["fm"] = JobState("tiny-wan-fm", "Running")
+    sim.jobs["fm"] = JobState("tiny-wan-fm-1", "Running")
     sim.step()
     assert sim.condition("Validated").lastTransitionTime == first
 
@@ -433,9 +433,9 @@ def test_a_job_created_before_an_operator_restart_is_adopted_not_duplicated():
     sim = Sim()
     sim.step()
     sim.status = None  # the status patch never landed; the job did
-    sim.jobs["fm"] = JobState("tiny-wan-fm", "Running", attempt=1, created=T0)
+    sim.jobs["fm"] = JobState("tiny-wan-fm-1", "Running", attempt=1, created=T0)
     d = sim.step()
-    assert not d.actions and sim.status.stage("fm").job == "tiny-wan-fm" and sim.status.stage("fm").attempt == 1
+    assert not d.actions and sim.status.stage("fm").job == "tiny-wan-fm-1" and sim.status.stage("fm").attempt == 1
     assert [e[1] for e in d.events] == ["Resolved", "MemoryForecast", "JobAdopted", "StageRunning"]
     assert not sim.step().events  # adopted once
 
@@ -443,7 +443,7 @@ def test_a_job_created_before_an_operator_restart_is_adopted_not_duplicated():
 def test_every_stage_transition_has_an_event():
     sim = Sim()
     sim.step()
-    sim.jobs["fm"] = JobState("tiny-wan-fm", "Running")
+    sim.jobs["fm"] = JobState("tiny-wan-fm-1", "Running")
     sim.step()
     sim.succeed("fm")
     sim.step()
@@ -455,7 +455,7 @@ def test_the_deadline_of_a_retry_runs_from_its_own_job_not_the_stage_start():
     sim = Sim(_spec(progressDeadlineSeconds=600, backoffLimit=2))
     sim.step()
     sim.now = T0 + 5000
-    sim.jobs["fm"] = JobState("tiny-wan-fm", "Created", created=T0 + 4900)  # attempt 2's pods are pending
+    sim.jobs["fm"] = JobState("tiny-wan-fm-1", "Created", created=T0 + 4900)  # attempt 2's pods are pending
     sim.files["fm"] = StageFiles(exists=True, launched=True, latest=2, last_activity=T0 + 1000)
     assert not sim.step().actions and sim.status.phase == "Running"
     sim.now = T0 + 5501
@@ -466,7 +466,7 @@ def test_the_deadline_of_a_retry_runs_from_its_own_job_not_the_stage_start():
 def test_status_step_is_the_current_stages_newest_checkpoint():
     sim = Sim()
     sim.step()
-    sim.jobs["fm"] = JobState("tiny-wan-fm", "Running")
+    sim.jobs["fm"] = JobState("tiny-wan-fm-1", "Running")
     sim.files["fm"] = StageFiles(exists=True, launched=True, latest=2, last_activity=T0)
     sim.step()
     assert sim.status.step == 2
@@ -482,7 +482,7 @@ def test_a_rejected_job_fails_the_run_with_the_servers_reason():
     sim = Sim()
     sim.step()
     d = fail_stage(sim.spec, sim.status, stage="fm", reason=C.JOB_REJECTED,
-                   message=C.JOB_REJECTED.message(stage="fm", job="tiny-wan-fm", detail="spec.volumes[0]: invalid"),
+                   message=C.JOB_REJECTED.message(stage="fm", job="tiny-wan-fm-1", detail="spec.volumes[0]: invalid"),
                    now=T0 + 1, generation=1)
     assert d.status.phase == "Failed" and d.status.stage("fm").reason == "JobRejected"
     assert next(c for c in d.status.conditions if c.type == "Failed").status == "True"

@@ -41,13 +41,15 @@ class Sim:
         self.capacity: dict[str, int] = {}
         self.latest: int | None = None
         self.last_step: tuple[int, float] | None = None   # rank 0's newest step record
+        self.result: str | None = None                     # run-result.json's status
         self.created, self.deleted, self.events = [], [], []
         self.changes, self.costs = [], []
 
     def step(self, advance: float = 0.0):
         self.now += advance
         files = {"fm": StageFiles(exists=self.latest is not None, launched=self.latest is not None,
-                                  latest=self.latest, last_activity=self.now, last_step=self.last_step)}
+                                  latest=self.latest, last_activity=self.now, last_step=self.last_step,
+                                  result=self.result)}
         obs = Observation("tiny-wan", 1, self.now, plan=self.plan, jobs=dict(self.jobs), files=files,
                           pods=dict(self.pods), capacity=dict(self.capacity))
         d = reconcile(self.spec, self.status, obs)
@@ -363,3 +365,26 @@ def test_no_grow_back_once_the_last_step_is_committed():
     sim.latest = 99                                              # (a step before it would grow)
     sim.step(1)
     assert len(sim.deleted) == 2 and sim.fm.elastic.grows == 1
+
+
+def test_an_attempt_stopped_by_a_signal_after_saving_resumes_whatever_its_job_reads_and_is_not_counted():
+    """Its pods exit 0 after a stop (python -m solar.launch.torchrun), so a drained node's job may read
+    Succeeded: not a finished stage, not a failure."""
+    for phase in ("Succeeded", "Failed"):
+        sim = Sim()
+        sim.step()
+        sim.set_job("Running")
+        sim.latest = 10
+        sim.step(30)
+        sim.latest, sim.result = 12, "stopped"                  # SIGTERM: the step finished and saved
+        sim.set_job(phase)
+        d = sim.step(1)
+        assert [(a.kind, a.stage) for a in d.actions] == [("delete_job", "fm")], phase
+        assert sim.fm.reason == "StageStopped" and sim.fm.failures == 0 and sim.status.phase == "Running"
+        assert "saved at step 12" in sim.fm.message and f"reads {phase}" in sim.fm.message
+        d = sim.step(1)
+        assert d.actions[0].kind == "create_job" and d.actions[0].resume_from.endswith("step_00000012")
+        sim.set_job(phase)                                      # stopped again before saving anything new
+        sim.step(1)
+        assert sim.status.phase == "Failed", phase             # backoffLimit 0: counted this time
+        assert sim.fm.reason == ("ResultIncomplete" if phase == "Succeeded" else "BackoffLimitExceeded")

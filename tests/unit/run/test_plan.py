@@ -90,15 +90,24 @@ def test_h3_sequence_parallel_rule_is_a_topology_mismatch():
 
 
 def test_job_names_are_dns_labels_within_63_characters_with_worker_suffixes():
-    assert job_name("tiny-wan", "fm") == "tiny-wan-fm"
-    long = job_name("a" * 50, "stage-with-a-long-name")
-    assert len(long) <= 51 and long == job_name("a" * 50, "stage-with-a-long-name")
+    assert job_name("tiny-wan", "fm", 1) == "tiny-wan-fm-1"
+    long = job_name("a" * 50, "stage-with-a-long-name", 12)
+    assert len(long) <= 51 and long == job_name("a" * 50, "stage-with-a-long-name", 12) and long.endswith("-12")
     assert len(long + "-worker-1023") <= 63
-    assert job_name("a" * 50, "stage-one") != job_name("a" * 50, "stage-two")
+    assert job_name("a" * 50, "stage-one", 1) != job_name("a" * 50, "stage-two", 1)
     import re
 
-    for name in (long, job_name("x" * 60, "y" * 60)):
-        assert re.fullmatch(r"[a-z]([-a-z0-9]*[a-z0-9])?", name)
+    for name in (long, job_name("x" * 60, "y" * 60, 1000)):
+        assert re.fullmatch(r"[a-z]([-a-z0-9]*[a-z0-9])?", name) and len(name) <= 51
+
+
+def test_each_attempt_has_a_job_name_of_its_own_that_no_other_stage_or_attempt_has():
+    """Its pods' names (``<job>-worker-<i>``) then never meet those of an earlier attempt's pod left
+    Terminating on a lost node."""
+    names = {(stage, attempt): job_name("run", stage, attempt) for stage in ("fm", "fm-2", "fm-21", "f", "m-2")
+             for attempt in (1, 2, 12, 21)}
+    assert len(set(names.values())) == len(names)
+    assert names["fm", 1] != names["fm", 2] and names["fm-2", 1] == "run-fm-2-1" and names["fm", 21] == "run-fm-21"
 
 
 def test_every_training_stage_carries_its_memory_forecast():

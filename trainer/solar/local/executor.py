@@ -1,7 +1,7 @@
 """``solar run MANIFEST``: a SolarRun on this machine, without a cluster (contract.md §5).
 
 The same validation, planner and state machine as the operator; each stage is a local
-``torchrun --standalone`` process group instead of a PyTorchJob. The run lives in
+``torchrun --standalone`` process group (``python -m solar.launch.torchrun``: one that exits as its ranks did) instead of a PyTorchJob. The run lives in
 ``<workdir>/<metadata.name>/``: one directory per stage, ``logs/<stage>-<attempt>.log`` and
 ``status.json`` (the resource's ``status``), replaced atomically after every transition. Each launch
 carries its attempt number as its fencing token (``SOLAR_ATTEMPT``, ``solar.storage.fence``). Running
@@ -370,7 +370,7 @@ def _loop(spec, name: str, plan: RunPlan, status, jobs, status_path: Path, root:
 
 
 def _argv(p: StagePlan, resume_from: str | None) -> list[str]:
-    return [sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc-per-node={p.nproc}",
+    return [sys.executable, "-m", "solar.launch.torchrun", "--standalone", f"--nproc-per-node={p.nproc}",
             *p.arguments(resume_from)]
 
 

@@ -61,6 +61,9 @@ TOPOLOGY_GROWN = Reason("TopologyGrown", "stage {stage}: {old} -> {new}: {why}; 
                                          "its step and saves, and the next resumes from that checkpoint")
 STAGE_DISRUPTED = Reason("StageDisrupted", "stage {stage} attempt {attempt}: {why}; the next attempt {next} at "
                                            "{shape} (not counted as a failure)")
+STAGE_STOPPED = Reason("StageStopped", "stage {stage} attempt {attempt} was stopped by a signal and saved at step "
+                                       "{step} (its job reads {phase}: an eviction, a drain or a preemption sends "
+                                       "SIGTERM); the next attempt resumes from it (not counted as a failure)")
 REOPENED = Reason("SpecChanged", "spec changed (generation {generation}): the failed run continues; stage {stage} "
                                   "resumes from its newest verified checkpoint, its failures counted anew")
 JOB_ADOPTED = Reason("JobAdopted", "stage {stage}: found its job {job} (attempt {attempt}) and continued watching it")

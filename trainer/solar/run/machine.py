@@ -281,6 +281,8 @@ def _advance(r: _Run, spec: SolarRunSpec, st: StageStatus, p: StagePlan, obs: Ob
     if st.reason == C.QUEUED.name:                       # admitted since the last look
         st.reason = st.message = None
         st.admittedTime = iso(r.now)
+    if job.phase in ("Succeeded", "Failed") and _stopped(r, st, p, job, files):
+        return False
     if job.phase == "Succeeded":
         problem = success.completion_problem(p, files)
         if problem:
@@ -314,6 +316,27 @@ def _advance(r: _Run, spec: SolarRunSpec, st: StageStatus, p: StagePlan, obs: Ob
     if phase == "Running":  # while its pods are pending, Progressing keeps saying how the attempt started
         r.condition(C.PROGRESSING, "True", C.STAGE_RUNNING, C.STAGE_RUNNING.message(stage=st.name, attempt=st.attempt))
     return False
+
+
+def _stopped(r: _Run, st: StageStatus, p: StagePlan, job: JobState, files: StageFiles) -> bool:
+    """A training attempt whose ranks stopped on a signal after a checkpoint newer than the one it resumed
+    (run-result.json ``stopped``: SIGTERM from an eviction, a drain, a preemption; the pods exit 0 after
+    such a stop, so its job may read Succeeded): the next attempt resumes from that checkpoint, not counted
+    against backoffLimit. A stop that saved nothing new is left to the job's own verdict (a Failed job
+    is retried and counted; a Succeeded one fails as ResultIncomplete). True when handled."""
+    if p.action != "train" or files.result != "stopped" or files.result_problem or files.latest is None \
+            or job.attempt not in (None, st.attempt):
+        return False
+    resumed = st.attempts[-1].resumedFrom if st.attempts and st.attempts[-1].attempt == st.attempt else None
+    if files.latest <= (resumed or 0):
+        return False
+    message = C.STAGE_STOPPED.message(stage=st.name, attempt=st.attempt, step=files.latest, phase=job.phase)
+    r.decision.actions.append(Action("delete_job", st.name, job.name))
+    r.stage_phase(st, "Pending")
+    st.reason, st.message = C.STAGE_STOPPED.name, message
+    r.condition(C.PROGRESSING, "True", C.STAGE_STOPPED, message)
+    r.event("Warning", C.STAGE_STOPPED, message)
+    return True
 
 
 def _queued(r: _Run, st: StageStatus, job: JobState) -> None:
@@ -478,7 +501,7 @@ def _start(r: _Run, st: StageStatus, p: StagePlan, files: StageFiles) -> None:
         r.status.phase = "Pending"
         r.condition(C.PROGRESSING, "False", reason, message)
         return
-    name = job_name(r.run, st.name)
+    name = job_name(r.run, st.name, attempt)
     r.decision.actions.append(Action("create_job", st.name, name, attempt, start.resume_from,
                                      p.nodes if p.nodes != planned_nodes else None))
     _record_attempt(st, p, attempt, files.latest if start.resume_from else None, iso(r.now))

@@ -344,14 +344,20 @@ def _last_validation_step(cfg) -> int | None:
     return max(steps) if steps else None
 
 
-def job_name(run: str, stage: str, limit: int = 51) -> str:
-    """``<run>-<stage>``, shortened with a stable hash suffix so pod host names
-    (``<job>-worker-<i>``, up to 4-digit i) stay within 63 characters; always a DNS-1035 label."""
+def job_name(run: str, stage: str, attempt: int, limit: int = 51) -> str:
+    """``<run>-<stage>-<attempt>``: every attempt's job has a name of its own, so its pods' names
+    (``<job>-worker-<i>``) never meet a pod of an earlier attempt that stays Terminating on a node
+    that does not answer. Shortened with a stable hash suffix so pod host names (up to 4-digit i) stay
+    within 63 characters; always a DNS-1035 label. The attempt comes last and after the stage's own
+    name, so two stages' names never collide (``fm-2`` attempt 1 is ``...-fm-2-1``, ``fm`` attempt 21
+    ``...-fm-21``)."""
+    suffix = f"-{attempt}"
     name = f"{run}-{stage}"
-    if len(name) <= limit and name[0].isalpha():
-        return name
+    room = limit - len(suffix)
+    if len(name) <= room and name[0].isalpha():
+        return name + suffix
     digest = hashlib.sha256(name.encode()).hexdigest()[:8]
-    head = name[: limit - 9].rstrip("-")
+    head = name[: room - 9].rstrip("-")
     if not head or not head[0].isalpha():
-        head = "r" + head[: limit - 10]
-    return f"{head}-{digest}"
+        head = "r" + head[: room - 10]
+    return f"{head}-{digest}{suffix}"
