@@ -388,3 +388,38 @@ def test_an_attempt_stopped_by_a_signal_after_saving_resumes_whatever_its_job_re
         sim.step(1)
         assert sim.status.phase == "Failed", phase             # backoffLimit 0: counted this time
         assert sim.fm.reason == ("ResultIncomplete" if phase == "Succeeded" else "BackoffLimitExceeded")
+
+
+def test_a_shrunk_attempt_starts_at_the_larger_shape_when_the_nodes_came_back_before_it_started():
+    """The lost node returned while the old attempt's pods went: starting shrunk would cost a relaunch
+    later (a grow back after minSecondsBetweenChanges)."""
+    sim = Sim(minSecondsBetweenChanges=600)
+    sim.step()
+    sim.set_job("Running")
+    sim.latest = 10
+    sim.step(30)
+    sim.pods["fm"] = Pods(disrupted="pod tiny-wan-fm-1-worker-1: its node n2 has been Unknown for 61 s")
+    sim.capacity["fm"] = 3
+    sim.step(1)
+    assert sim.fm.elastic.nodes == 2 and sim.fm.elastic.shrinks == 1
+    sim.pods["fm"] = Pods(alive=1)                             # a survivor's pod is still going
+    sim.capacity["fm"] = 4                                     # ... and n2 is back
+    assert not sim.step(5).actions
+    sim.pods["fm"] = Pods()
+    d = sim.step(1)
+    create = d.actions[-1]
+    assert (create.kind, create.nodes) == ("create_job", None)     # the declared 4 nodes
+    assert sim.fm.elastic.nodes == 4 and sim.fm.elastic.grows == 1 and sim.changes == [("fm", "shrink"), ("fm", "grow")]
+    assert sim.fm.attempts[-1].reason.startswith("TopologyGrown: the cluster holds 4 nodes for it again before "
+                                                  "attempt 2 started")
+    assert sim.reasons()[-2:] == ["TopologyGrown", "StageStarted"]
+    # without room it starts at the shape the shrink chose
+    sim2 = Sim()
+    sim2.step()
+    sim2.set_job("Running")
+    sim2.latest = 10
+    sim2.pods["fm"] = Pods(disrupted="evicted")
+    sim2.capacity["fm"] = 3
+    sim2.step(1)
+    sim2.pods["fm"] = Pods()
+    assert sim2.step(1).actions[-1].nodes == 2 and sim2.fm.elastic.grows == 0

@@ -57,8 +57,7 @@ TOPOLOGY_CHANGED = Reason("TopologyChanged", "{detail}")
 TOPOLOGY_SHRUNK = Reason("TopologyShrunk", "stage {stage}: {old} -> {new}: {why}; the next attempt resumes the "
                                            "newest verified checkpoint with the same global batch (not counted "
                                            "as a failure)")
-TOPOLOGY_GROWN = Reason("TopologyGrown", "stage {stage}: {old} -> {new}: {why}; attempt {attempt} stops after "
-                                         "its step and saves, and the next resumes from that checkpoint")
+TOPOLOGY_GROWN = Reason("TopologyGrown", "stage {stage}: {old} -> {new}: {why}; {then}")
 STAGE_DISRUPTED = Reason("StageDisrupted", "stage {stage} attempt {attempt}: {why}; the next attempt {next} at "
                                            "{shape} (not counted as a failure)")
 STAGE_STOPPED = Reason("StageStopped", "stage {stage} attempt {attempt} was stopped by a signal and saved at step "

@@ -265,7 +265,9 @@ def _advance(r: _Run, spec: SolarRunSpec, st: StageStatus, p: StagePlan, obs: Ob
     if job is None:
         if pods.alive:
             return False                                 # its pods are still going (saving on SIGTERM); those
-        _start(r, st, p, files)                          # on a lost node are not counted: they never confirm
+        if p.elastic:                                    # on a lost node are not counted: they never confirm
+            _regrow(r, spec, st, p, obs.capacity.get(st.name))
+        _start(r, st, p, files)
         return False
     _adopt(r, st, job)
     if job.suspended_by_operator:                        # suspended for a SolarRun suspend that ended
@@ -546,8 +548,10 @@ def _change_shape(r: _Run, st: StageStatus, p: StagePlan, nodes: int, reason: C.
     counting (from ``since``, when the loss began, else now)."""
     el = _elastic_now(st, p)
     old = el.nodes
+    then = (f"attempt {st.attempt} stops after its step and saves, and the next resumes from that checkpoint"
+            if job is not None else "the next attempt starts at it from the newest verified checkpoint")
     message = reason.message(stage=st.name, old=elastic.describe(p, old), new=elastic.describe(p, nodes), why=why,
-                             attempt=st.attempt, shape=elastic.describe(p, nodes), next=_next_start(p))
+                             attempt=st.attempt, shape=elastic.describe(p, nodes), next=_next_start(p), then=then)
     if job is not None:
         r.decision.actions.append(Action("delete_job", st.name, job.name))
     if nodes != old:
@@ -558,17 +562,34 @@ def _change_shape(r: _Run, st: StageStatus, p: StagePlan, nodes: int, reason: C.
             el.grows += 1
         el.nextReason = f"{reason.name}: {why}"
         r.decision.shape_changes.append((st.name, "shrink" if nodes < old else "grow"))
-    if reason is not C.TOPOLOGY_GROWN and el.disruptedAt is None:
+    grown = reason is C.TOPOLOGY_GROWN
+    if not grown and el.disruptedAt is None:
         el.disruptedAt, el.disruptedAttempt = iso(min(r.now, since) if since is not None else r.now), st.attempt
     el.unschedulableSince = None
     r.stage_phase(st, "Pending")
     st.reason, st.message = reason.name, message
     r.condition(C.PROGRESSING, "True", reason, message)
-    r.event("Normal" if reason is C.TOPOLOGY_GROWN else "Warning", reason, message)
+    r.event("Normal" if grown else "Warning", reason, message)
 
 
 def _next_start(p: StagePlan) -> str:
     return "resumes the newest verified checkpoint" if p.action == "train" else "continues where this one stopped"
+
+
+def _regrow(r: _Run, spec: SolarRunSpec, st: StageStatus, p: StagePlan, capacity: int | None) -> None:
+    """Before an elastic stage's next attempt that a shrink sized: when the cluster holds a larger allowed
+    shape again (the lost node came back while the old attempt's pods went), start at that one instead
+    (``TopologyGrown``): a start stops nothing, so minSecondsBetweenChanges does not hold it back, and a
+    grow-back later would cost one more relaunch."""
+    el = st.elastic
+    settings = elastic_settings(spec, st.name)
+    if el is None or capacity is None or el.nodes >= p.nodes or not (settings and settings.growBack) \
+            or not (el.nextReason or "").startswith(C.TOPOLOGY_SHRUNK.name):
+        return
+    target = elastic.grown(p.elastic, nodes=el.nodes, capacity=capacity)
+    if target is not None:
+        _change_shape(r, st, p, target.nodes, C.TOPOLOGY_GROWN, f"the cluster holds {capacity} node"
+                      f"{'s' if capacity != 1 else ''} for it again before attempt {st.attempt + 1} started", None)
 
 
 def _disrupted(r: _Run, st: StageStatus, p: StagePlan, job: JobState, pods: Pods, capacity: int | None) -> None:
