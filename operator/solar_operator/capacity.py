@@ -84,22 +84,22 @@ def lost_since(node: dict) -> float | None:
 
 
 def node_lost(name: str | None, nodes: dict[str, dict] | None, *, now: float, lost_after: float) -> str | None:
-    """Why the node ``name`` counts as lost (gone, or not Ready for longer than ``lost_after`` seconds),
-    or None: not lost, not yet, or nodes not read."""
+    """How the node ``name`` is lost ("is gone", "has been Unknown ... for N s": not Ready for longer than
+    ``lost_after`` seconds), or None: not lost, not yet, or nodes not read."""
     if nodes is None or not name:
         return None
     if name not in nodes:
-        return f"its node {name} is gone"
+        return "is gone"
     ready = next((c for c in _conditions(nodes[name]) if c.get("type") == "Ready"), {})
     if ready.get("status") == "True":
         return None
     since = lost_since(nodes[name])
     state = "Unknown (its kubelet stopped reporting)" if ready.get("status") == "Unknown" else "not Ready"
     if since is None:      # a Ready condition without times: how long is not known, so no grace either
-        return f"its node {name} is {state}"
+        return f"is {state}"
     if now - since <= lost_after:
         return None
-    return f"its node {name} has been {state} for {now - since:.0f} s (nodeLostSeconds {lost_after:g})"
+    return f"has been {state} for {now - since:.0f} s (nodeLostSeconds {lost_after:g})"
 
 
 def disruption(pod: dict, nodes: dict[str, dict] | None, *, now: float, lost_after: float
@@ -119,7 +119,7 @@ def disruption(pod: dict, nodes: dict[str, dict] | None, *, now: float, lost_aft
             min(since) if since else None
     lost = node_lost(node, nodes, now=now, lost_after=lost_after)
     if lost:
-        return f"pod {name}: {lost}", min(since) if since else None
+        return f"pod {name}: its node {node} {lost}", min(since) if since else None
     return None
 
 
@@ -130,17 +130,29 @@ def unschedulable(pod: dict) -> bool:
 
 
 def stage_pods(pods: list[dict], attempt: int | None, nodes: dict[str, dict] | None, attempt_label: str, *,
-               now: float, lost_after: float) -> Pods:
+               now: float, lost_after: float, ran_on: tuple[str, ...] = ()) -> Pods:
     """``Pods`` of one stage from its pods (every attempt's); ``attempt``: the current one's; a node is lost
-    ``lost_after`` seconds after its kubelet last reported."""
+    ``lost_after`` seconds after its kubelet last reported; ``ran_on``: the nodes the status recorded the
+    current attempt's pods on."""
     current = [p for p in pods if attempt is None or (p["metadata"].get("labels") or {}).get(attempt_label)
                == str(attempt)]
     found = [d for d in (disruption(p, nodes, now=now, lost_after=lost_after) for p in current) if d]
     times = [t for _, t in found if t is not None]
     alive = sum(not _finished(p) and not node_lost((p.get("spec") or {}).get("nodeName"), nodes, now=now,
                                                    lost_after=lost_after) for p in pods)
+    placed = sorted({n for p in current if (n := (p.get("spec") or {}).get("nodeName"))})
+    if not found:    # its pods may be gone already (PodGC): the nodes it was seen on speak for them
+        for name in ran_on:
+            lost = None if name in placed else node_lost(name, nodes, now=now, lost_after=lost_after)
+            if lost:
+                since = lost_since(nodes[name]) if name in nodes else None
+                found.append((f"its pods are gone, and node {name}, which it ran on, {lost}", since))
+                if since is not None:
+                    times.append(since)
+                break
     return Pods(alive=alive, unschedulable=any(unschedulable(p) for p in current),
-                disrupted=found[0][0] if found else None, since=min(times) if times else None)
+                disrupted=found[0][0] if found else None, since=min(times) if times else None,
+                placed=tuple(placed))
 
 
 def free_nodes(nodes: list[dict], pods: list[dict], *, gpus: int, own: set[str]) -> int:

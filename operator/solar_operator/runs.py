@@ -301,7 +301,10 @@ class Reconciler:
             own, attempt = listed[p.name]
             settings = machine.elastic_settings(spec, p.name)
             lost_after = settings.nodeLostSeconds if settings is not None else self.node_lost_seconds
-            pods[p.name] = capacity.stage_pods(own, attempt, nodes, ATTEMPT_LABEL, now=now, lost_after=lost_after)
+            last = (recorded[p.name].attempts or [None])[-1] if p.name in recorded else None
+            ran_on = tuple(last.nodeNames or ()) if last is not None and last.attempt == attempt else ()
+            pods[p.name] = capacity.stage_pods(own, attempt, nodes, ATTEMPT_LABEL, now=now, lost_after=lost_after,
+                                               ran_on=ran_on)
         return pods, room
 
     @staticmethod

@@ -170,7 +170,7 @@ def test_a_partly_placed_attempt_is_unschedulable_and_its_disruption_dated():
     running = _pod("a2-0", attempt=2, node="gpu-1")
     pending = _pod("a2-1", attempt=2, phase="Pending", conditions=(UNSCHEDULABLE,))
     pods = _stage_pods([running, pending], 2, _nodes(_node("gpu-1")), ATTEMPT)
-    assert pods == Pods(alive=2, unschedulable=True, disrupted=None, since=None)
+    assert pods == Pods(alive=2, unschedulable=True, disrupted=None, since=None, placed=("gpu-1",))
 
 
 # unschedulable
@@ -438,3 +438,14 @@ def test_a_stage_that_cannot_grow_is_decided_on_the_cached_listing():
         reconciler = _view_of(kube)
         _, room = reconciler._pods_view(run, spec, plan, previous, job, NOW)
         assert kube.calls == 1 and room["fm"] == 4
+
+
+def test_a_failed_attempt_whose_pods_are_gone_was_disrupted_when_a_node_it_ran_on_is_gone():
+    """PodGC marks a deleted node's pods and force-deletes them at once; the status recorded the nodes."""
+    master = _pod("a2-0", attempt=2, phase="Failed", node="gpu-1")
+    nodes = _nodes(_node("gpu-1"))
+    found = _stage_pods([master], 2, nodes, ATTEMPT)
+    assert found.disrupted is None and found.placed == ("gpu-1",)
+    found = stage_pods([master], 2, nodes, ATTEMPT, now=NOW, lost_after=60, ran_on=("gpu-1", "gpu-2"))
+    assert found.disrupted == "its pods are gone, and node gpu-2, which it ran on, is gone"
+    assert stage_pods([master], 2, None, ATTEMPT, now=NOW, lost_after=60, ran_on=("gpu-2",)).disrupted is None

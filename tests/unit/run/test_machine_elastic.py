@@ -423,3 +423,16 @@ def test_a_shrunk_attempt_starts_at_the_larger_shape_when_the_nodes_came_back_be
     sim2.step(1)
     sim2.pods["fm"] = Pods()
     assert sim2.step(1).actions[-1].nodes == 2 and sim2.fm.elastic.grows == 0
+
+
+def test_the_nodes_an_attempt_ran_on_are_recorded_once_seen():
+    """What says why a failed attempt whose pods PodGC force-deleted was disrupted (the operator
+    reads the recorded nodes back: solar_operator.capacity)."""
+    sim = Sim()
+    sim.step()
+    sim.set_job("Running")
+    sim.pods["fm"] = Pods(alive=2, placed=("n1", "n2"))
+    sim.step(1)
+    sim.pods["fm"] = Pods(alive=4, placed=("n1", "n3", "n4"))
+    sim.step(1)
+    assert sim.fm.attempts[-1].nodeNames == ["n1", "n2", "n3", "n4"]

@@ -292,6 +292,8 @@ def _advance(r: _Run, spec: SolarRunSpec, st: StageStatus, p: StagePlan, obs: Ob
             return False
         _stage_done(r, st, p, files)
         return True
+    if pods.placed and st.attempts and st.attempts[-1].attempt == st.attempt and job.attempt in (None, st.attempt):
+        st.attempts[-1].nodeNames = sorted(set(st.attempts[-1].nodeNames or ()) | set(pods.placed))
     if pods.disrupted and job.attempt in (None, st.attempt) and not job.refused:
         # whatever the job's phase: a real cluster's job reads Running until the taint manager's
         # eviction, minutes after the node was lost (solar.run.pods)

@@ -25,8 +25,12 @@ class Pods:
     Pending with ``PodScheduled=False/Unschedulable`` (whatever the job's phase says: the scheduler
     binds pods one at a time, so an attempt may be partly placed); ``disrupted``: why the current
     attempt's pods were disrupted, or None; ``since``: when that disruption began (epoch seconds: the
-    pod's ``DisruptionTarget`` transition or its node's loss, whichever is first; None when not known)."""
+    pod's ``DisruptionTarget`` transition or its node's loss, whichever is first; None when not known);
+    ``placed``: the nodes the current attempt's pods are bound to (the state machine keeps them in the
+    attempt's record: PodGC force-deletes a deleted node's pods moments after marking them, so the
+    operator may see only the failed job, and then the recorded node, gone, says why)."""
     alive: int = 0
     unschedulable: bool = False
     disrupted: str | None = None
     since: float | None = None
+    placed: tuple[str, ...] = ()

@@ -293,6 +293,9 @@ class StageAttempt(Doc):
                                                   "failed), for its GPU-hours.")
     gpuHours: float | None = Field(None, description="The attempt's GPUs x the time from its start to its end "
                                                      "(or to now while it runs), as the operator saw them.")
+    nodeNames: list[str] | None = Field(None, description="The nodes its pods were seen bound to (a failed "
+                                                          "attempt whose node is gone or lost was disrupted, even "
+                                                          "when its pods went before the operator saw why).")
 
 
 class ElasticStatus(Doc):
