@@ -148,6 +148,16 @@ def _started(world: World, nodes: Nodes, out, job: str, pods: list[str]) -> None
     wait_for(lambda: _phase(world, job) == "Running", timeout=5, message=f"{job} Running")
 
 
+def _two_node_job(world: World, nodes: Nodes, out, cmd: list[str], **job) -> str:
+    """Nodes n1 and n2 of one GPU, the PyTorchJob ``job`` (a master and a worker) running on them; the
+    worker's node."""
+    nodes.add("n1")
+    nodes.add("n2")
+    world.cluster.create(world.jobs_path, pytorchjob("job", cmd, **job))
+    _started(world, nodes, out, "job", ["job-master-0", "job-worker-0"])
+    return _pod(world, "job-worker-0")["spec"]["nodeName"]
+
+
 def test_a_node_whose_kubelet_dies_turns_unknown_after_the_grace_is_tainted_and_keeps_its_processes(cluster, tmp_path):
     """dead-kubelet: Ready=Unknown (NodeStatusUnknown) only after node_grace, lastHeartbeatTime as the
     kubelet last wrote it, the unreachable taints, its pod Ready=False; the container keeps running.
@@ -209,14 +219,10 @@ def test_the_taint_manager_evicts_after_toleration_and_the_pod_stays_terminating
     out.mkdir()
     cmd = ["python", _script(tmp_path, WORKER, "worker.py")]
     with Nodes(world, [], **CLUSTER) as nodes:
-        nodes.add("n1")
-        nodes.add("n2")
-        cluster.create(world.jobs_path, pytorchjob("job", cmd, _env(out)))
-        _started(world, nodes, out, "job", ["job-master-0", "job-worker-0"])
+        node = _two_node_job(world, nodes, out, cmd, env=_env(out))
         tolerations = _pod(world, "job-worker-0")["spec"]["tolerations"]
         assert {(t["key"], t["effect"], t["tolerationSeconds"]) for t in tolerations} == {
             (NOT_READY, "NoExecute", 1), (UNREACHABLE, "NoExecute", 1)}
-        node = _pod(world, "job-worker-0")["spec"]["nodeName"]
         nodes.lose_node(node, "silent")
         lost = time.monotonic()
         time.sleep(0.3)
@@ -252,12 +258,8 @@ def test_a_deleted_node_s_pods_are_failed_and_force_deleted_by_podgc(cluster, tm
     cmd = ["python", _script(tmp_path, WORKER, "worker.py")]
     pods = f"/api/v1/namespaces/{world.namespace}/pods"
     with Nodes(world, [], **CLUSTER) as nodes:
-        nodes.add("n1")
-        nodes.add("n2")
-        cluster.create(world.jobs_path, pytorchjob("job", cmd, _env(out)))
-        _started(world, nodes, out, "job", ["job-master-0", "job-worker-0"])
+        node = _two_node_job(world, nodes, out, cmd, env=_env(out))
         rv = cluster.list(pods)["metadata"]["resourceVersion"]
-        node = _pod(world, "job-worker-0")["spec"]["nodeName"]
         nodes.lose_node(node, "deleted")
         assert _node(world, node) is None
         wait_for(lambda: "job-worker-0" not in _pods(world), timeout=3, message="PodGC")
@@ -484,11 +486,7 @@ def test_a_not_ready_kubelet_stops_and_confirms_the_evicted_pod(cluster, tmp_pat
     out.mkdir()
     cmd = ["python", _script(tmp_path, WORKER, "worker.py")]
     with Nodes(world, logs := [], **CLUSTER) as nodes:
-        nodes.add("n1")
-        nodes.add("n2")
-        cluster.create(world.jobs_path, pytorchjob("job", cmd, _env(out), clean="None"))
-        _started(world, nodes, out, "job", ["job-master-0", "job-worker-0"])
-        node = _pod(world, "job-worker-0")["spec"]["nodeName"]
+        node = _two_node_job(world, nodes, out, cmd, env=_env(out), clean="None")
         nodes.lose_node(node, "not-ready")
         wait_for(lambda: "job-worker-0" not in _pods(world), timeout=8, message="evicted, stopped, confirmed")
         assert _cond(_node(world, node), "Ready")["status"] == "False"
@@ -506,11 +504,7 @@ def test_a_pod_name_held_by_a_terminating_pod_is_retried(cluster, tmp_path):
     out.mkdir()
     cmd = ["python", _script(tmp_path, WORKER, "worker.py")]
     with Nodes(world, [], **CLUSTER) as nodes:
-        nodes.add("n1")
-        nodes.add("n2")
-        cluster.create(world.jobs_path, pytorchjob("job", cmd, _env(out)))
-        _started(world, nodes, out, "job", ["job-master-0", "job-worker-0"])
-        node = _pod(world, "job-worker-0")["spec"]["nodeName"]
+        node = _two_node_job(world, nodes, out, cmd, env=_env(out))
         nodes.lose_node(node, "silent")
         wait_for(lambda: _phase(world, "job") == "Failed", timeout=6, message="Failed")
         cluster.delete(f"{world.jobs_path}/job")

@@ -66,6 +66,30 @@ class Sim:
         self.status = d.status
         return d
 
+    def shrunk_to_one_node(self, latest: int = 6):
+        """Attempt 1 failed with a node deleted, attempt 2 created and running at one node."""
+        self.step()
+        self.latest = latest
+        self.set_job("Failed")
+        self.pods["fm"] = Pods(disrupted="node n2 deleted")
+        self.capacity["fm"] = 1
+        self.step(1)
+        self.pods["fm"] = Pods()
+        self.step(1)
+        self.set_job("Running")
+
+    def lost_while_running(self, why: str, *, since_ago: float | None = None, capacity: int = 3,
+                           after: float = 60, latest: int = 10):
+        """Attempt 1 runs and commits ``latest``; ``after`` s later its pods are found disrupted (the job
+        still Running), the loss ``since_ago`` s before that pass, the cluster holding ``capacity`` nodes."""
+        self.step()
+        self.set_job("Running")
+        self.latest = latest
+        self.step(after)
+        self.pods["fm"] = Pods(disrupted=why, since=None if since_ago is None else self.now + 1 - since_ago)
+        self.capacity["fm"] = capacity
+        return self.step(1)
+
     def set_job(self, phase, **kw):
         job = self.jobs["fm"]
         self.jobs["fm"] = JobState(job.name, phase, attempt=job.attempt, **kw)
@@ -191,16 +215,8 @@ def test_pods_unschedulable_for_shrink_after_seconds_shrink_the_stage_to_what_fi
 
 def test_a_shrunk_stage_grows_back_when_the_cluster_holds_more_at_most_once_per_interval():
     sim = Sim(minSecondsBetweenChanges=600)
-    sim.step()
-    sim.latest = 6
-    sim.set_job("Failed")
-    sim.pods["fm"] = Pods(disrupted="node n2 deleted")
-    sim.capacity["fm"] = 1
-    sim.step(1)
-    sim.pods["fm"] = Pods()
-    sim.step(1)
+    sim.shrunk_to_one_node()
     assert sim.created[-1].nodes == 1
-    sim.set_job("Running")
     sim.capacity["fm"] = 4                                   # the nodes are back at once
     sim.step(100)
     assert len(sim.deleted) == 1                             # but the last change was 100 s ago
@@ -255,14 +271,8 @@ def test_the_attempts_list_keeps_the_last_fifty_and_counts_the_rest():
 
 def test_a_running_attempt_whose_node_was_lost_is_replaced_at_once_and_the_cost_runs_from_the_loss():
     sim = Sim()
-    sim.step()
-    sim.set_job("Running")
-    sim.latest = 10
-    sim.step(60)
-    lost = sim.now - 5                                          # the node's kubelet last spoke then
-    sim.pods["fm"] = Pods(disrupted="pod tiny-wan-fm-worker-1: its node n2 has been Unknown for 61 s", since=lost)
-    sim.capacity["fm"] = 3
-    d = sim.step(1)                                             # the job still reads Running
+    d = sim.lost_while_running("pod tiny-wan-fm-1-worker-1: its node n2 has been Unknown for 61 s",
+                               since_ago=6)                     # the node's kubelet last spoke then
     assert [(a.kind, a.stage) for a in d.actions] == [("delete_job", "fm")]
     assert sim.fm.reason == "TopologyShrunk" and sim.fm.elastic.nodes == 2 and sim.fm.failures == 0
     assert sim.fm.elastic.disruptedAt == "2027-01-15T08:00:55Z"   # T0 + 55: the loss, not the decision
@@ -282,14 +292,7 @@ def test_a_dead_kubelets_old_attempt_saving_after_the_loss_does_not_end_the_disr
     """Its ranks keep running and may commit a checkpoint after the loss: the cost ends only with a step
     of an attempt started since, past the checkpoint that attempt resumed."""
     sim = Sim()
-    sim.step()
-    sim.set_job("Running")
-    sim.latest = 10
-    sim.step(60)
-    sim.pods["fm"] = Pods(disrupted="pod tiny-wan-fm-worker-1: its node n2 has been Unknown for 61 s",
-                          since=sim.now - 61)
-    sim.capacity["fm"] = 3
-    sim.step(1)
+    sim.lost_while_running("pod tiny-wan-fm-1-worker-1: its node n2 has been Unknown for 61 s", since_ago=62)
     sim.pods["fm"] = Pods(alive=1)                              # the healthy node's pod is saving
     sim.latest, sim.last_step = 12, (12, sim.now + 1)           # ... and commits step 12 (the old attempt)
     sim.step(5)
@@ -349,15 +352,7 @@ def test_a_partly_placed_attempt_that_reads_running_shrinks_after_shrink_after_s
 
 def test_no_grow_back_once_the_last_step_is_committed():
     sim = Sim(minSecondsBetweenChanges=0)
-    sim.step()
-    sim.latest = 6
-    sim.set_job("Failed")
-    sim.pods["fm"] = Pods(disrupted="node n2 deleted")
-    sim.capacity["fm"] = 1
-    sim.step(1)
-    sim.pods["fm"] = Pods()
-    sim.step(1)
-    sim.set_job("Running")
+    sim.shrunk_to_one_node()
     sim.latest = 100                                             # train.max_steps: validation may still run
     sim.capacity["fm"] = 4
     sim.step(1)
@@ -394,13 +389,7 @@ def test_a_shrunk_attempt_starts_at_the_larger_shape_when_the_nodes_came_back_be
     """The lost node returned while the old attempt's pods went: starting shrunk would cost a relaunch
     later (a grow back after minSecondsBetweenChanges)."""
     sim = Sim(minSecondsBetweenChanges=600)
-    sim.step()
-    sim.set_job("Running")
-    sim.latest = 10
-    sim.step(30)
-    sim.pods["fm"] = Pods(disrupted="pod tiny-wan-fm-1-worker-1: its node n2 has been Unknown for 61 s")
-    sim.capacity["fm"] = 3
-    sim.step(1)
+    sim.lost_while_running("pod tiny-wan-fm-1-worker-1: its node n2 has been Unknown for 61 s", after=30)
     assert sim.fm.elastic.nodes == 2 and sim.fm.elastic.shrinks == 1
     sim.pods["fm"] = Pods(alive=1)                             # a survivor's pod is still going
     sim.capacity["fm"] = 4                                     # ... and n2 is back
@@ -415,12 +404,7 @@ def test_a_shrunk_attempt_starts_at_the_larger_shape_when_the_nodes_came_back_be
     assert sim.reasons()[-2:] == ["TopologyGrown", "StageStarted"]
     # without room it starts at the shape the shrink chose
     sim2 = Sim()
-    sim2.step()
-    sim2.set_job("Running")
-    sim2.latest = 10
-    sim2.pods["fm"] = Pods(disrupted="evicted")
-    sim2.capacity["fm"] = 3
-    sim2.step(1)
+    sim2.lost_while_running("evicted", after=0)
     sim2.pods["fm"] = Pods()
     assert sim2.step(1).actions[-1].nodes == 2 and sim2.fm.elastic.grows == 0
 
