@@ -182,7 +182,7 @@ def test_prometheus_scrapes_the_operator_and_a_trainer(cluster, operator, traine
             {"job_name": "solar-trainer",
              "static_configs": [{"targets": [trainer.url.split("/")[2]],
                                  "labels": {"namespace": "default", "run": "tiny-wan", "stage": "fm",
-                                            "pod": "tiny-wan-fm-master-0"}}]},
+                                            "pod": "tiny-wan-fm-1-master-0"}}]},
         ],
     })
     # rates need two scrapes of each target: the dashboard's operator panels read rates too

@@ -12,6 +12,7 @@ from contextlib import ExitStack
 
 import pytest
 
+from solar.run.plan import job_name
 from solar_operator import metrics
 from tests.e2e.helpers import steps, train
 from tests.integration.nodes import Nodes
@@ -93,7 +94,8 @@ def test_a_stage_that_loses_a_node_shrinks_grows_back_and_trains_what_two_nodes_
     assert [a["topology"]["nodes"] for a in attempts] == [2, 1, 2], (attempts, [(n, w, c) for n, w, c in nodes.ran])
     assert [a["topology"]["gradientAccumulation"] for a in attempts] == [1, 2, 1]
     assert {a["topology"]["globalBatchSize"] for a in attempts} == {2}
-    worker = "elastic-fm-worker-0" if backend == "PyTorchJob" else "elastic-fm-node-0-1"
+    first = job_name("elastic", "fm", 1)    # attempt 1's job: its second node's pod was disrupted
+    worker = f"{first}-worker-0" if backend == "PyTorchJob" else f"{first}-node-0-1"
     assert attempts[1]["reason"].startswith(f"TopologyShrunk: attempt 1's pods were disrupted (pod {worker}")
     if backend == "TrainJob":
         assert len(admissions) == 3     # each attempt waited for its queue

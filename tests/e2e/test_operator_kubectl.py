@@ -42,11 +42,11 @@ def test_kubectl_apply_get_wait_on_every_example(cluster, operator):
     assert sorted(line.split()[:3] for line in table[1:]) == sorted([n, "Running", "fm"] for n in names)
     jobs = k("get", "pytorchjobs", "-o", "jsonpath={.items[*].metadata.name}").stdout.split()
     kinds = {d["metadata"]["name"]: d["spec"].get("backend", "PyTorchJob") for d in docs}
-    assert sorted(jobs) == sorted(f"{n}-fm" for n in names if kinds[n] == "PyTorchJob")
+    assert sorted(jobs) == sorted(f"{n}-fm-1" for n in names if kinds[n] == "PyTorchJob")
     if trainjobs:  # the same under Trainer v2: kubectl sees the run and its TrainJob alike
         assert "TrainJob" in kinds.values()
         found = k("get", "trainjobs", "-o", "jsonpath={.items[*].metadata.name}").stdout.split()
-        assert sorted(found) == sorted(f"{n}-fm" for n in names if kinds[n] == "TrainJob")
+        assert sorted(found) == sorted(f"{n}-fm-1" for n in names if kinds[n] == "TrainJob")
     events = k("get", "events", "--field-selector", f"involvedObject.name={names[0]}", "-o",
                "jsonpath={.items[*].reason}").stdout.split()
     assert events[:3] == ["Resolved", "MemoryForecast", "StageStarted"]
@@ -59,19 +59,20 @@ def test_kubectl_apply_get_wait_on_every_example(cluster, operator):
     # suspend and resume through kubectl patch
     k("patch", "srun", names[0], "--type", "merge", "-p", '{"spec":{"runPolicy":{"suspend":true}}}')
     k("wait", "--for=condition=Suspended", f"srun/{names[0]}", "--timeout=30s")
-    wait_for(lambda: f"{names[0]}-fm" not in k("get", "pytorchjobs", "-o", "name").stdout, timeout=30)
+    wait_for(lambda: f"{names[0]}-fm-1" not in k("get", "pytorchjobs", "-o", "name").stdout, timeout=30)
     k("patch", "srun", names[0], "--type", "merge", "-p", '{"spec":{"runPolicy":{"suspend":false}}}')
     k("wait", "--for=jsonpath={.status.phase}=Running", f"srun/{names[0]}", "--timeout=30s")
     if trainjobs:  # a suspended TrainJob run keeps its job, suspended through the job's own spec.suspend
         name = next(n for n in names if kinds[n] == "TrainJob")
         k("patch", "srun", name, "--type", "merge", "-p", '{"spec":{"runPolicy":{"suspend":true}}}')
         k("wait", "--for=condition=Suspended", f"srun/{name}", "--timeout=30s")
-        k("wait", "--for=jsonpath={.spec.suspend}=true", f"trainjob/{name}-fm", "--timeout=30s")
+        k("wait", "--for=jsonpath={.spec.suspend}=true", f"trainjob/{name}-fm-1", "--timeout=30s")
         k("patch", "srun", name, "--type", "merge", "-p", '{"spec":{"runPolicy":{"suspend":false}}}')
-        # the resume replaces the job (delete, then create attempt 2): kubectl wait in between finds no
-        # object and fails at once, so poll through the gap
-        wait_for(lambda: k("get", f"trainjob/{name}-fm", "-o", "jsonpath={.metadata.labels.solarwm\\.io/attempt}",
+        # the resume replaces the job (delete, then create attempt 2, a job of its own): kubectl wait
+        # before it exists finds no object and fails at once, so poll until it does
+        wait_for(lambda: k("get", f"trainjob/{name}-fm-2", "-o", "jsonpath={.metadata.labels.solarwm\\.io/attempt}",
                            check=False).stdout == "2", timeout=30, message="attempt 2's TrainJob")
+        assert f"{name}-fm-1" not in k("get", "trainjobs", "-o", "name").stdout   # the suspended one is gone
 
     # a bad run fails with a reason users can wait on, and gets no job
     bad = yaml.safe_load(EXAMPLES[0].read_text())

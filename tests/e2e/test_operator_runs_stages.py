@@ -1,21 +1,22 @@
 """The operator's jobs really run, under each backend: this test plays kubelet and the training
 operator (PyTorchJob) or the Trainer v2 controller with its ``torch-distributed`` runtime (TrainJob)
-by executing each job's command (``torchrun`` + its argument list, unchanged) on this machine, with
-the run volume mounted where the pods would see it. A three-stage tiny Wan run (Stage0.5 FM ->
-Stage1 TF-AnyFlow from its EMA -> generation) must end Succeeded with real checkpoints and videos.
+by executing each job's command (``python -m solar.launch.torchrun`` + its argument list, unchanged;
+``python`` is this interpreter) on this machine, with the run volume mounted where the pods would see
+it. A three-stage tiny Wan run (Stage0.5 FM -> Stage1 TF-AnyFlow from its EMA -> generation) must end
+Succeeded with real checkpoints and videos, each stage's attempt 1 a job named ``<run>-<stage>-1``.
 """
 
 from __future__ import annotations
 
 import json
 import subprocess
-import sys
 
 import pytest
 
 from solar.storage.checkpoints import verify
 from tests.conftest import REPO
 from tests.e2e.helpers import env
+from tests.e2e.test_operator_topology_change import launcher
 from tests.integration.world import World, crds, load_case
 from tests.support.kube import emulated_cluster, wait_for
 
@@ -36,7 +37,7 @@ def _execute_trainjob(world: World, job: dict) -> None:
     ``PET_NPROC_PER_NODE``, ``PET_NODE_RANK``, ``PET_MASTER_ADDR``, ``PET_MASTER_PORT``; the master is
     this machine), no ``--standalone``: torchrun takes its rendezvous from them."""
     name, trainer = job["metadata"]["name"], job["spec"]["trainer"]
-    assert trainer["command"] == ["torchrun"] and trainer["numNodes"] == 1
+    assert trainer["command"] == ["python", "-m", "solar.launch.torchrun"] and trainer["numNodes"] == 1
     node = job["spec"]["runtimePatches"][0]["trainingRuntimeSpec"]["template"]["spec"]["replicatedJobs"][0]
     assert node["name"] == "node" and node["template"]["spec"]["template"]["spec"]["containers"][0]["name"] == "node"
     world.set_job(name, "Running")
@@ -44,7 +45,7 @@ def _execute_trainjob(world: World, job: dict) -> None:
            "PET_NODE_RANK": "0", "PET_MASTER_ADDR": "127.0.0.1", "PET_MASTER_PORT": str(_free_port())}
     extra = {e["name"]: e["value"] for e in trainer.get("env", [])
              if "value" in e and e["name"] != "SOLAR_METRICS_PORT"}
-    cmd = [sys.executable, "-m", "torch.distributed.run", *trainer["args"]]
+    cmd = [*launcher(trainer["command"]), *trainer["args"]]
     proc = subprocess.run(cmd, cwd=REPO, env=env({**extra, **pet}), capture_output=True, text=True, timeout=400)
     if proc.returncode == 0:
         world.set_job(name, "Succeeded")
@@ -57,9 +58,10 @@ def _execute(world: World, job: dict) -> None:
     """kubelet + training operator for one single-node job: Running, the container's command, the verdict."""
     name = job["metadata"]["name"]
     container = job["spec"]["pytorchReplicaSpecs"]["Master"]["template"]["spec"]["containers"][0]
-    assert container["command"] == ["torchrun"] and set(job["spec"]["pytorchReplicaSpecs"]) == {"Master"}
+    assert container["command"] == ["python", "-m", "solar.launch.torchrun"]
+    assert set(job["spec"]["pytorchReplicaSpecs"]) == {"Master"}
     world.set_job(name, "Running")
-    cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", *container["args"]]
+    cmd = [*launcher(container["command"]), "--standalone", *container["args"]]
     # the container's plain environment, as kubelet sets it (not the metrics port: no scrape here)
     extra = {e["name"]: e["value"] for e in container.get("env", [])
              if "value" in e and e["name"] != "SOLAR_METRICS_PORT"}
@@ -105,7 +107,7 @@ def test_the_operators_jobs_run_the_recipe_to_the_end(backend, wan_data, tmp_pat
                 return None
             status = wait_for(step, timeout=540, interval=0.2, message="the run to finish")
         assert status["phase"] == "Succeeded", (status, world.ran)
-        assert [r[:2] for r in world.ran] == [("real-fm", 0), ("real-anyflow", 0), ("real-generate", 0)]
+        assert [r[:2] for r in world.ran] == [("real-fm-1", 0), ("real-anyflow-1", 0), ("real-generate-1", 0)]
         assert [j["kind"] for j in admitted] == [backend] * 3 and status["backend"] == backend
         fm = storage / "real" / "fm" / "checkpoints" / "step_00000004"
         assert verify(fm)["valid"] and verify(storage / "real" / "anyflow" / "checkpoints" / "step_00000004")["valid"]

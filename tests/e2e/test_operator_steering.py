@@ -12,7 +12,7 @@ from contextlib import contextmanager
 import pytest
 
 from solar.storage.checkpoints import verify
-from tests.e2e.test_operator_topology_change import _run_job, _stage
+from tests.e2e.test_operator_topology_change import _run_job, _stage, launcher
 from tests.integration.world import World, crds, load_case
 from tests.support.kube import emulated_cluster, wait_for
 
@@ -45,11 +45,11 @@ def test_a_suspended_stage_edited_to_train_longer_continues_and_a_recipe_edit_wa
     doc = _one_stage(load_case("three-stage"), "steer", storage, wan_data)
     stage = doc["spec"]["stages"][0]
     with _operating(doc, storage, tmp_path) as world:
-        first = _run_job(world, world.wait_job("steer-fm"), ("runtime.exit_after_step=2",), verdict=False)
+        first = _run_job(world, world.wait_job("steer-fm-1"), ("runtime.exit_after_step=2",), verdict=False)
         assert first.returncode == 0, first.stderr[-3000:]
         world.patch_spec("steer", {"runPolicy": {"suspend": True}})
         world.wait_phase("steer", "Suspended")
-        wait_for(lambda: "steer-fm" not in world.jobs(), message="the suspended job to be deleted")
+        wait_for(lambda: "steer-fm-1" not in world.jobs(), message="the suspended job to be deleted")
 
         # another learning rate: the trainer's refusal, before any job, until the spec is fixed
         edited = dict(stage, set=stage["set"] + ["train.optimizer.lr=0.5"])
@@ -61,12 +61,12 @@ def test_a_suspended_stage_edited_to_train_longer_continues_and_a_recipe_edit_wa
         validated = next(c for c in status["conditions"] if c["type"] == "Validated")
         assert (validated["status"], validated["reason"]) == ("False", "RecipeChanged")
         time.sleep(1.0)
-        assert "steer-fm" not in world.jobs()
+        assert world.jobs() == {}
 
         # train longer instead: attempt 2 resumes step 2 and trains to step 6
         longer = dict(stage, set=stage["set"] + ["train.max_steps=6"])
         world.patch_spec("steer", {"stages": [longer]})
-        job = world.wait_job("steer-fm")
+        job = world.wait_job("steer-fm-2")
         second = _run_job(world, job)
         assert second.returncode == 0, second.stderr[-3000:]
         assert "schedule change: train.max_steps 4 -> 6 (from step 3)" in second.stderr
@@ -84,19 +84,22 @@ def test_a_failed_run_continues_once_its_spec_changes(wan_data, tmp_path):
     doc = _one_stage(load_case("three-stage"), "again", storage, wan_data, "train.max_steps=3")
     doc["spec"]["runPolicy"]["backoffLimit"] = 0
     with _operating(doc, storage, tmp_path) as world:
-        # its pod is lost after the step-2 checkpoint: with backoffLimit 0 the run fails
-        first = _run_job(world, world.wait_job("again-fm"), ("runtime.exit_after_step=2",), verdict=False)
+        # its pod is lost after the step-2 checkpoint: with backoffLimit 0 the run fails. A SIGKILLed
+        # trainer writes no run-result.json: the one exit_after_step left (stopped, which the operator
+        # resumes without counting it, StageStopped) goes, as the kill would never have written it
+        first = _run_job(world, world.wait_job("again-fm-1"), ("runtime.exit_after_step=2",), verdict=False)
         assert first.returncode == 0, first.stderr[-3000:]
-        world.set_job("again-fm", "Failed", "exit code 137")
+        (storage / "again" / "fm" / "run-result.json").unlink()
+        world.set_job("again-fm-1", "Failed", "exit code 137")
         status = world.wait_phase("again", "Failed")
         assert _stage(status, "fm")["reason"] == "BackoffLimitExceeded"
         time.sleep(1.0)
-        assert world.jobs()["again-fm"]["metadata"]["labels"]["solarwm.io/attempt"] == "1"   # kept, not retried
+        assert list(world.jobs()) == ["again-fm-1"]   # kept, not retried
 
         # the spec changes (a longer schedule): the run continues from step 2, its failures counted anew
         longer = dict(doc["spec"]["stages"][0], set=doc["spec"]["stages"][0]["set"] + ["train.max_steps=4"])
         world.patch_spec("again", {"stages": [longer]})
-        job = wait_for(lambda: (j := world.jobs().get("again-fm")) and
+        job = wait_for(lambda: (j := world.jobs().get("again-fm-2")) and
                        j["metadata"]["labels"].get("solarwm.io/attempt") == "2" and j, timeout=30,
                        message="attempt 2 after the spec change")
         assert _run_job(world, job).returncode == 0
@@ -113,7 +116,6 @@ def _kubelet(world, job: dict, log_dir) -> int:
     container's command runs here with a termination-message file (as the kubelet mounts one); a failed
     run leaves its pod, terminated with that message, and the job Failed."""
     import subprocess
-    import sys
 
     from tests.conftest import REPO
     from tests.e2e.helpers import env
@@ -123,8 +125,8 @@ def _kubelet(world, job: dict, log_dir) -> int:
     log = log_dir / f"{name}-termination-log"
     log.write_text("")
     world.set_job(name, "Running")
-    proc = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--standalone",
-                           *template["spec"]["containers"][0]["args"]], cwd=REPO,
+    container = template["spec"]["containers"][0]
+    proc = subprocess.run([*launcher(container["command"]), "--standalone", *container["args"]], cwd=REPO,
                           env=env({"SOLAR_TERMINATION_LOG": str(log)}), capture_output=True, text=True, timeout=400)
     if proc.returncode:
         pods = f"/api/v1/namespaces/{world.namespace}/pods"
@@ -147,19 +149,19 @@ def test_a_trainer_that_refuses_its_input_is_not_retried_and_continues_once_fixe
         "runtime.validate_every=2", "validation.decode_latents=1"]
     doc["spec"]["runPolicy"]["backoffLimit"] = 2
     with _operating(doc, storage, tmp_path) as world:
-        assert _kubelet(world, world.wait_job("refuse-fm"), tmp_path) != 0
+        assert _kubelet(world, world.wait_job("refuse-fm-1"), tmp_path) != 0
         status = world.wait_phase("refuse", "Failed")
         fm = _stage(status, "fm")
         assert fm["reason"] == "InputRefused" and fm["attempt"] == 1, fm   # its backoffLimit unspent
         assert "missing-data" in fm["message"] and "not retried" in fm["message"]
         assert not (storage / "refuse" / "fm" / "launch-manifest.json").exists()   # refused before writing
         time.sleep(1.0)
-        assert world.jobs()["refuse-fm"]["metadata"]["labels"]["solarwm.io/attempt"] == "1"
+        assert list(world.jobs()) == ["refuse-fm-1"]   # kept, not retried
 
         fixed = dict(doc["spec"]["stages"][0], set=[s.replace(str(tmp_path / "missing-data"), str(wan_data))
                                                     for s in doc["spec"]["stages"][0]["set"]])
         world.patch_spec("refuse", {"stages": [fixed]})
-        job = wait_for(lambda: (j := world.jobs().get("refuse-fm")) and
+        job = wait_for(lambda: (j := world.jobs().get("refuse-fm-2")) and
                        j["metadata"]["labels"].get("solarwm.io/attempt") == "2" and j, timeout=30,
                        message="attempt 2 after the spec change")
         assert _kubelet(world, job, tmp_path) == 0, world.ran[-1]

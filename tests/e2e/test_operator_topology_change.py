@@ -21,13 +21,19 @@ from tests.support.kube import emulated_cluster, wait_for
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(600)]
 
 
+def launcher(command: list[str]) -> list[str]:
+    """The job's container command as run here: ``python`` is the trainer image's interpreter, this one."""
+    assert command == ["python", "-m", "solar.launch.torchrun"], command
+    return [sys.executable, *command[1:]]
+
+
 def _run_job(world: World, job: dict, extra: tuple[str, ...] = (), verdict: bool = True) -> subprocess.CompletedProcess:
     """kubelet + training operator for one single-node PyTorchJob: its container's command, run here.
     ``extra``: --set edits appended (a pod stopped after a step); ``verdict``: report how it ended."""
     name = job["metadata"]["name"]
     container = job["spec"]["pytorchReplicaSpecs"]["Master"]["template"]["spec"]["containers"][0]
     world.set_job(name, "Running")
-    cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", *container["args"]]
+    cmd = [*launcher(container["command"]), "--standalone", *container["args"]]
     for item in extra:
         cmd += ["--set", item]
     proc = subprocess.run(cmd, cwd=REPO, env=env(), capture_output=True, text=True, timeout=400)
@@ -56,14 +62,14 @@ def test_a_suspended_run_resumes_its_stage_at_a_new_shape_and_a_new_global_batch
         with world.operator(backends=("PyTorchJob",)):
             world.apply(doc)
             # attempt 1 at world 2: its pods are stopped after step 2 (the run is then suspended)
-            first = _run_job(world, world.wait_job("reshape-fm"), ("runtime.exit_after_step=2",), verdict=False)
+            first = _run_job(world, world.wait_job("reshape-fm-1"), ("runtime.exit_after_step=2",), verdict=False)
             assert first.returncode == 0, first.stderr[-3000:]
             fm_dir = storage / "reshape" / "fm"
             saved = data_position(fm_dir / "checkpoints" / "step_00000002")
             assert saved["saved_with"]["world_size"] == 2 and saved["global_batch_size"] == 2
             world.patch_spec("reshape", {"runPolicy": {"suspend": True}})
             world.wait_phase("reshape", "Suspended")
-            wait_for(lambda: "reshape-fm" not in world.jobs(), message="the suspended job to be deleted")
+            wait_for(lambda: "reshape-fm-1" not in world.jobs(), message="the suspended job to be deleted")
 
             # one GPU, the same accumulation: global batch 1, refused before any job
             world.patch_spec("reshape", {"topology": {"gpusPerNode": 1}, "runPolicy": {"suspend": False}})
@@ -72,15 +78,15 @@ def test_a_suspended_run_resumes_its_stage_at_a_new_shape_and_a_new_global_batch
             message = _stage(status, "fm")["message"]
             assert "from 2 to 1" in message and "{gradientAccumulation: 2, microBatchSize: 1}" in message
             time.sleep(1.0)
-            assert "reshape-fm" not in world.jobs()
+            assert world.jobs() == {}
 
             # one GPU with twice the accumulation: attempt 2 resumes step 2 at world 1
             world.patch_spec("reshape", {"topology": {"gradientAccumulation": 2}})
-            job = world.wait_job("reshape-fm")
+            job = world.wait_job("reshape-fm-2")
             args = job["spec"]["pytorchReplicaSpecs"]["Master"]["template"]["spec"]["containers"][0]["args"]
             assert f"checkpoint.path={fm_dir}/checkpoints/step_00000002" in args
             assert "distributed.world_size=1" in args and "train.gradient_accumulation=2" in args
-            done = {"reshape-fm"}
+            done = {"reshape-fm-2"}
             second = _run_job(world, job)
             assert second.returncode == 0, second.stderr[-3000:]
 
@@ -95,8 +101,8 @@ def test_a_suspended_run_resumes_its_stage_at_a_new_shape_and_a_new_global_batch
                 return None
             status = wait_for(step, timeout=500, interval=0.2, message="the run to finish")
         assert status["phase"] == "Succeeded", (status, [r[:2] for r in world.ran])
-        assert [r[:2] for r in world.ran] == [("reshape-fm", 0), ("reshape-fm", 0), ("reshape-anyflow", 0),
-                                              ("reshape-generate", 0)]
+        assert [r[:2] for r in world.ran] == [("reshape-fm-1", 0), ("reshape-fm-2", 0), ("reshape-anyflow-1", 0),
+                                              ("reshape-generate-1", 0)]
         fm = _stage(status, "fm")
         assert [(a["attempt"], a["topology"]["worldSize"], a["topology"]["gradientAccumulation"], a.get("resumedFrom"))
                 for a in fm["attempts"]] == [(1, 2, 1, None), (2, 1, 2, 2)]

@@ -52,7 +52,7 @@ def test_a_trainjob_run_retries_a_failed_job_and_succeeds_like_a_pytorchjob_run(
     admitted = world.validate_jobs_strictly()
     with world.operator(default_backend="TrainJob"):  # no spec.backend: the operator's default
         world.apply(_run("tj", **POD))
-        fm = world.wait_job("tj-fm")
+        fm = world.wait_job("tj-fm-1")
         assert fm["spec"]["runtimeRef"]["name"] == "torch-distributed"
         assert fm["spec"]["trainer"]["args"][:4] == ["--nproc-per-node=4", "-m", "solar", "train"]
         assert (fm["spec"]["trainer"]["numNodes"], fm["spec"]["trainer"]["numProcPerNode"]) == (2, 4)
@@ -60,27 +60,27 @@ def test_a_trainjob_run_retries_a_failed_job_and_succeeds_like_a_pytorchjob_run(
         pod = _pod(fm)
         assert pod["serviceAccountName"] == "solar-trainer" and pod["securityContext"] == {"fsGroup": 10001}
         assert {"name": "solar-shm", "emptyDir": {"medium": "Memory", "sizeLimit": "8Gi"}} in pod["volumes"]
-        world.set_job("tj-fm", "Running")
+        world.set_job("tj-fm-1", "Running")
         world.wait_status("tj", lambda s: _stage(s, "fm").get("phase") == "Running", "fm Running")
         assert world.status("tj")["backend"] == "TrainJob"
         world.write_stage("tj", "fm", result=None, checkpoint=False, steps=(2,))
-        world.set_job("tj-fm", "Failed", "node-0 exited 1")
+        world.set_job("tj-fm-1", "Failed", "node-0 exited 1")
         status = world.wait_status("tj", lambda s: _stage(s, "fm").get("attempt") == 2, "fm attempt 2")
         assert _stage(status, "fm")["failures"] == 1
         failed = [e["message"] for e in world.events() if e["reason"] == "JobFailed"]
         assert failed and "JobsFailed: node-0 exited 1" in failed[0]  # the Failed condition's reason and message
-        retry = world.wait_job("tj-fm")
+        retry = world.wait_job("tj-fm-2")
         assert retry["metadata"]["labels"]["solarwm.io/attempt"] == "2"
         assert "checkpoint.path=/runs/team-a/tj/fm/checkpoints/step_00000002" in retry["spec"]["trainer"]["args"]
-        for stage in ("fm", "anyflow", "generate"):
-            world.wait_job(f"tj-{stage}")
+        for stage, attempt in (("fm", 2), ("anyflow", 1), ("generate", 1)):
+            world.wait_job(f"tj-{stage}-{attempt}")
             world.write_stage("tj", stage)
-            world.set_job(f"tj-{stage}", "Succeeded")
+            world.set_job(f"tj-{stage}-{attempt}", "Succeeded")
         status = world.wait_phase("tj", "Succeeded")
         assert [s["phase"] for s in status["stages"]] == ["Succeeded"] * 3
-        # every TrainJob the operator created passed the strict schema (fm twice: its retry)
+        # every TrainJob the operator created passed the strict schema (fm twice: its retry, a job of its own)
         assert {(j["metadata"]["name"], j["metadata"]["labels"]["solarwm.io/attempt"]) for j in admitted} == {
-            ("tj-fm", "1"), ("tj-fm", "2"), ("tj-anyflow", "1"), ("tj-generate", "1")}
+            ("tj-fm-1", "1"), ("tj-fm-2", "2"), ("tj-anyflow-1", "1"), ("tj-generate-1", "1")}
         assert world.cluster.list(f"/apis/kubeflow.org/v1/namespaces/{world.namespace}/pytorchjobs")["items"] == []
         # kubectl and the metrics see the run exactly as under PyTorchJob
         table = world.cluster.kubectl("get", "srun", "-n", world.namespace).stdout.splitlines()
@@ -99,17 +99,18 @@ def test_suspend_sets_the_trainjobs_suspend_and_resume_replaces_the_job(trainjob
     world.install_runtime()
     with world.operator():
         world.apply(_run("sus", backend="TrainJob"))
-        world.wait_job("sus-fm")
-        world.set_job("sus-fm", "Running")
+        world.wait_job("sus-fm-1")
+        world.set_job("sus-fm-1", "Running")
         world.write_stage("sus", "fm", result=None, checkpoint=False, steps=(2,))
         world.patch_spec("sus", {"runPolicy": {"suspend": True}})
         world.wait_phase("sus", "Suspended")
-        job = wait_for(lambda: (lambda j: j if j["spec"].get("suspend") else None)(world.jobs()["sus-fm"]),
+        job = wait_for(lambda: (lambda j: j if j["spec"].get("suspend") else None)(world.jobs()["sus-fm-1"]),
                        message="the TrainJob suspended")
         assert job["metadata"]["annotations"]["solarwm.io/suspended"] == "true"
         world.patch_spec("sus", {"runPolicy": {"suspend": False}})
         job = wait_for(lambda: (lambda j: j if j and j["metadata"]["labels"]["solarwm.io/attempt"] == "2" else None)(
-            world.jobs().get("sus-fm")), message="a new attempt of fm")
+            world.jobs().get("sus-fm-2")), message="a new attempt of fm")
+        assert "sus-fm-1" not in world.jobs()  # replaced: the suspended attempt's job was deleted first
         assert not job["spec"].get("suspend") and "checkpoint.mode=full_resume" in job["spec"]["trainer"]["args"]
         status = world.wait_phase("sus", "Running")
         assert _stage(status, "fm")["failures"] == 0
@@ -157,7 +158,7 @@ def test_a_job_its_queue_holds_is_queued_without_the_deadline_running(backend, t
         doc["spec"]["runPolicy"]["progressDeadlineSeconds"] = 4
         with world.queue("gpu-queue", hold=6) as admissions, world.operator():
             world.apply(doc)
-            job = world.wait_job("q-fm")
+            job = world.wait_job("q-fm-1")
             assert job["metadata"]["labels"]["kueue.x-k8s.io/queue-name"] == "gpu-queue"
             status = world.wait_status("q", lambda s: _stage(s, "fm").get("reason") == "Queued", "fm Queued")
             progressing = next(c for c in status["conditions"] if c["type"] == "Progressing")
@@ -166,16 +167,16 @@ def test_a_job_its_queue_holds_is_queued_without_the_deadline_running(backend, t
             assert admissions[0][1] >= 6 > 4  # held longer than progressDeadlineSeconds, yet not failed
             status = world.wait_status("q", lambda s: _stage(s, "fm").get("admittedTime"), "fm admitted")
             assert status["phase"] == "Running" and _stage(status, "fm").get("reason") is None
-            world.set_job("q-fm", "Running")
+            world.set_job("q-fm-1", "Running")
             world.write_stage("q", "fm")
-            world.set_job("q-fm", "Succeeded")
+            world.set_job("q-fm-1", "Succeeded")
             world.wait_phase("q", "Succeeded")
             assert "Queued" in world.event_reasons("q")
             # the operator never touched suspend: the only changes of it are the queue's admission
-            paths = [r for r in cluster.emulator._requests if r.method == "PATCH" and r.name == "q-fm"
+            paths = [r for r in cluster.emulator._requests if r.method == "PATCH" and r.name == "q-fm-1"
                      and r.subresource is None]
             assert len(paths) == 1 and "suspend" in paths[0].text
-            assert "solarwm.io/suspended" not in (world.jobs()["q-fm"]["metadata"].get("annotations") or {})
+            assert "solarwm.io/suspended" not in (world.jobs()["q-fm-1"]["metadata"].get("annotations") or {})
             assert "ProgressDeadlineExceeded" not in world.event_reasons("q")
 
 
@@ -187,17 +188,17 @@ def test_a_job_its_queue_preempts_is_replaced_by_an_attempt_from_the_checkpoint(
     with world.queue("gpu-queue", hold=0.5) as admissions, world.operator():
         world.apply(doc)
         wait_for(lambda: admissions, timeout=20, message="the first admission")
-        world.set_job("pre-fm", "Running")
+        world.set_job("pre-fm-1", "Running")
         world.wait_status("pre", lambda s: _stage(s, "fm").get("phase") == "Running", "fm Running")
         world.write_stage("pre", "fm", result=None, checkpoint=False, steps=(2,))
-        world.cluster.patch(f"{world.jobs_path}/pre-fm", {"spec": {"suspend": True}})  # Kueue preempts it
+        world.cluster.patch(f"{world.jobs_path}/pre-fm-1", {"spec": {"suspend": True}})  # Kueue preempts it
         job = wait_for(lambda: (lambda j: j if j and j["metadata"]["labels"]["solarwm.io/attempt"] == "2" else None)(
-            world.jobs().get("pre-fm")), message="attempt 2 of fm")
+            world.jobs().get("pre-fm-2")), message="attempt 2 of fm")
         assert "checkpoint.path=/runs/team-a/pre/fm/checkpoints/step_00000002" in job["spec"]["trainer"]["args"]
         wait_for(lambda: len(admissions) == 2, timeout=20, message="attempt 2 admitted by the queue")
         status = world.status("pre")
         assert _stage(status, "fm")["failures"] == 0
         wait_for(lambda: "StagePreempted" in world.event_reasons("pre"), message="the StagePreempted event")
         world.write_stage("pre", "fm")
-        world.set_job("pre-fm", "Succeeded")
+        world.set_job("pre-fm-2", "Succeeded")
         world.wait_phase("pre", "Succeeded")

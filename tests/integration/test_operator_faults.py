@@ -53,7 +53,7 @@ def test_events_the_server_refuses_are_posted_later_in_order(world):  # noqa: F8
     retried, dropped = _events_total("retried"), _events_total("dropped")
     with world.operator():
         world.apply(_run("noisy"))
-        world.wait_job("noisy-fm")
+        world.wait_job("noisy-fm-1")
         reasons = wait_for(lambda: (lambda r: r if "StageStarted" in r else None)(world.event_reasons("noisy")),
                            timeout=30, message="the run's first events, posted after the refusals")
         assert reasons[:3] == ["Resolved", "MemoryForecast", "StageStarted"]  # in order, none lost
@@ -66,13 +66,13 @@ def test_a_job_create_refused_with_429_waits_for_retry_after(world):  # noqa: F8
     world.cluster.emulator.faults.append(refuse)
     with world.operator():
         world.apply(_run("busy"))
-        job = world.wait_job("busy-fm", timeout=30)
+        job = world.wait_job("busy-fm-1", timeout=30)
     assert job and len(refuse.seen) >= 3
     # Every try after a refusal comes after the server's Retry-After, whichever trigger makes it (the
     # run's creation, its poll): while the run waits, no pass of it starts.
     gaps = [b - a for a, b in zip(refuse.seen, refuse.seen[1:])]
     assert all(gap >= 0.9 for gap in gaps), gaps
-    assert sorted(world.jobs()) == ["busy-fm"]  # one job, however many tries
+    assert sorted(world.jobs()) == ["busy-fm-1"]  # one job, however many tries
 
 
 def test_retry_after_sets_the_retry_delay_capped():
@@ -185,10 +185,10 @@ def test_job_deletes_the_server_refuses_are_retried_and_a_failure_counts_once(wo
     world.cluster.emulator.faults.append(refuse)
     with world.operator():
         world.apply(_run("flaky"))
-        world.wait_job("flaky-fm")
+        world.wait_job("flaky-fm-1")
         world.write_stage("flaky", "fm", result="failed", checkpoint=False, steps=(2,), error_type="runtime_error")
-        world.set_job("flaky-fm", "Failed", "exit code 1")
-        wait_for(lambda: (world.jobs().get("flaky-fm") or {}).get("metadata", {}).get("labels", {}).get(
+        world.set_job("flaky-fm-1", "Failed", "exit code 1")
+        wait_for(lambda: (world.jobs().get("flaky-fm-2") or {}).get("metadata", {}).get("labels", {}).get(
             "solarwm.io/attempt") == "2", timeout=60, message="attempt 2 after the refused deletes")
         assert refuse.left == 0 and len(refuse.seen) >= 3
         stage = world.wait_status("flaky", lambda s: (s.get("stages") or [{}])[0].get("attempt") == 2, "attempt 2")
@@ -197,13 +197,13 @@ def test_job_deletes_the_server_refuses_are_retried_and_a_failure_counts_once(wo
         assert world.event_reasons("flaky").count("JobFailed") == 1
 
         refuse.left = 2  # and the suspend's delete of the running attempt
-        world.set_job("flaky-fm", "Running")
+        world.set_job("flaky-fm-2", "Running")
         world.patch_spec("flaky", {"runPolicy": {"suspend": True}})
         world.wait_phase("flaky", "Suspended", timeout=60)
-        wait_for(lambda: "flaky-fm" not in world.jobs(), timeout=60, message="the suspended job to be deleted")
+        wait_for(lambda: "flaky-fm-2" not in world.jobs(), timeout=60, message="the suspended job to be deleted")
         assert refuse.left == 0
         world.patch_spec("flaky", {"runPolicy": {"suspend": False}})
-        job = world.wait_job("flaky-fm")
+        job = world.wait_job("flaky-fm-3")
         assert job["metadata"]["labels"]["solarwm.io/attempt"] == "3"
         status = world.wait_phase("flaky", "Running")
         assert (status["stages"][0]["failures"], status["stages"][0]["attempt"]) == (1, 3)
@@ -215,15 +215,15 @@ def test_a_retry_whose_status_write_is_refused_deletes_nothing_and_counts_the_fa
     be deleted first, and the failure forgotten with it)."""
     with world.operator():
         world.apply(_run("lost"))
-        world.wait_job("lost-fm")
+        world.wait_job("lost-fm-1")
         world.write_stage("lost", "fm", result="failed", checkpoint=False, steps=(2,), error_type="runtime_error")
         world.wait_status("lost", lambda s: s.get("step") == 2, "the checkpoint seen")
         refuse = Refuse("PATCH", "/solarruns/lost/status", times=1, code=409)
         world.cluster.emulator.faults.append(refuse)
-        deletes = Refuse("DELETE", "/pytorchjobs/lost-fm", times=0)
+        deletes = Refuse("DELETE", "/pytorchjobs/lost-fm-1", times=0)
         world.cluster.emulator.faults.append(deletes)
-        world.set_job("lost-fm", "Failed", "exit code 1")
-        wait_for(lambda: (world.jobs().get("lost-fm") or {}).get("metadata", {}).get("labels", {}).get(
+        world.set_job("lost-fm-1", "Failed", "exit code 1")
+        wait_for(lambda: (world.jobs().get("lost-fm-2") or {}).get("metadata", {}).get("labels", {}).get(
             "solarwm.io/attempt") == "2", timeout=60, message="attempt 2")
         assert refuse.left == 0 and refuse.seen[0] < deletes.seen[0]  # refused before anything was deleted
         status = world.wait_status("lost", lambda s: s["stages"][0].get("attempt") == 2, "attempt 2 recorded")
@@ -253,23 +253,23 @@ def test_a_job_event_bringing_nothing_new_needs_no_pass_and_a_failed_pass_skips_
     r = reconciler(world.storage, url=world.cluster.url)
     world.apply(_run("quiet"))
     assert r.reconcile(world.namespace, "quiet", "create") is not None
-    job = world.jobs()["quiet-fm"]
+    job = world.jobs()["quiet-fm-1"]
     version = job["metadata"]["resourceVersion"]
     gets = Refuse("GET", "/solarruns/quiet", times=0)
     world.cluster.emulator.faults.append(gets)
     assert r.reconcile(world.namespace, "quiet", "poll") is not None  # this pass saw the job it created
     before = len(gets.seen)
-    assert r.job_changed(world.namespace, "quiet", "quiet-fm", version) is None and len(gets.seen) == before
-    world.set_job("quiet-fm", "Running")
-    newer = world.jobs()["quiet-fm"]["metadata"]["resourceVersion"]
-    assert r.job_changed(world.namespace, "quiet", "quiet-fm", newer) is not None  # a real change: a pass
+    assert r.job_changed(world.namespace, "quiet", "quiet-fm-1", version) is None and len(gets.seen) == before
+    world.set_job("quiet-fm-1", "Running")
+    newer = world.jobs()["quiet-fm-1"]["metadata"]["resourceVersion"]
+    assert r.job_changed(world.namespace, "quiet", "quiet-fm-1", newer) is not None  # a real change: a pass
     gets.left = 1  # the next pass fails: nothing it saw counts as seen
-    world.set_job("quiet-fm", "Succeeded")
-    latest = world.jobs()["quiet-fm"]["metadata"]["resourceVersion"]
+    world.set_job("quiet-fm-1", "Succeeded")
+    latest = world.jobs()["quiet-fm-1"]["metadata"]["resourceVersion"]
     with pytest.raises(operator_errors.ApiUnavailable):
-        r.job_changed(world.namespace, "quiet", "quiet-fm", latest)
+        r.job_changed(world.namespace, "quiet", "quiet-fm-1", latest)
     seen = len(gets.seen)
-    r.job_changed(world.namespace, "quiet", "quiet-fm", latest)
+    r.job_changed(world.namespace, "quiet", "quiet-fm-1", latest)
     assert len(gets.seen) == seen + 1
 
 
@@ -285,11 +285,11 @@ def test_the_job_a_pass_created_needs_no_pass_of_its_own(world):  # noqa: F811
     world.cluster.emulator.faults.append(gets)
     assert r.reconcile(world.namespace, "fresh", "create") is not None
     assert len(gets.seen) == 1
-    version = world.jobs()["fresh-fm"]["metadata"]["resourceVersion"]
-    assert r.job_changed(world.namespace, "fresh", "fresh-fm", version) is None and len(gets.seen) == 1
-    world.set_job("fresh-fm", "Running")
-    newer = world.jobs()["fresh-fm"]["metadata"]["resourceVersion"]
-    assert r.job_changed(world.namespace, "fresh", "fresh-fm", newer) is not None and len(gets.seen) == 2
+    version = world.jobs()["fresh-fm-1"]["metadata"]["resourceVersion"]
+    assert r.job_changed(world.namespace, "fresh", "fresh-fm-1", version) is None and len(gets.seen) == 1
+    world.set_job("fresh-fm-1", "Running")
+    newer = world.jobs()["fresh-fm-1"]["metadata"]["resourceVersion"]
+    assert r.job_changed(world.namespace, "fresh", "fresh-fm-1", newer) is not None and len(gets.seen) == 2
 
 
 def test_a_final_verdict_is_written_before_its_job_goes_and_a_refused_write_never_retries(world):  # noqa: F811
@@ -304,11 +304,11 @@ def test_a_final_verdict_is_written_before_its_job_goes_and_a_refused_write_neve
     r = reconciler(world.storage, url=world.cluster.url)
     world.apply(_run("silent", progressDeadlineSeconds=60))
     r.reconcile(world.namespace, "silent", "create")
-    world.set_job("silent-fm", "Running")
+    world.set_job("silent-fm-1", "Running")
     r.reconcile(world.namespace, "silent", "job")
     r.clock = lambda: time.time() + 3600   # an hour without a sign of life
     writes = Refuse("PATCH", "/solarruns/silent/status", times=1)
-    deletes = Refuse("DELETE", "/pytorchjobs/silent-fm", times=0)
+    deletes = Refuse("DELETE", "/pytorchjobs/silent-fm-1", times=0)
     world.cluster.emulator.faults += [writes, deletes]
 
     def active() -> bool:
@@ -317,20 +317,20 @@ def test_a_final_verdict_is_written_before_its_job_goes_and_a_refused_write_neve
 
     with pytest.raises(operator_errors.ApiUnavailable, match="patch solarrun .*/silent status"):
         r.reconcile(world.namespace, "silent", "poll")
-    assert "silent-fm" in world.jobs() and not deletes.seen and world.status("silent")["phase"] == "Running"
+    assert "silent-fm-1" in world.jobs() and not deletes.seen and world.status("silent")["phase"] == "Running"
 
     deletes.left = 1
-    with pytest.raises(operator_errors.ApiUnavailable, match="delete pytorchjob .*/silent-fm"):
+    with pytest.raises(operator_errors.ApiUnavailable, match="delete pytorchjob .*/silent-fm-1"):
         r.reconcile(world.namespace, "silent", "poll")
     status = world.status("silent")
-    assert status["phase"] == "Failed" and status["jobsToDelete"] == ["silent-fm"] and "silent-fm" in world.jobs()
+    assert status["phase"] == "Failed" and status["jobsToDelete"] == ["silent-fm-1"] and "silent-fm-1" in world.jobs()
     assert status["stages"][0]["reason"] == "ProgressDeadlineExceeded" and active()
     assert world.event_reasons("silent").count("ProgressDeadlineExceeded") == 1
 
     writes.left = 1  # the delete goes through, the write clearing the list does not
     with pytest.raises(operator_errors.ApiUnavailable, match="patch solarrun .*/silent status"):
         r.reconcile(world.namespace, "silent", "poll")
-    assert "silent-fm" not in world.jobs() and world.status("silent")["jobsToDelete"] == ["silent-fm"]
+    assert "silent-fm-1" not in world.jobs() and world.status("silent")["jobsToDelete"] == ["silent-fm-1"]
     r.reconcile(world.namespace, "silent", "poll")
     status = world.status("silent")
     assert "jobsToDelete" not in status and status["phase"] == "Failed" and not active()
@@ -352,7 +352,7 @@ def test_a_run_carries_the_operators_finalizer_until_a_pass_lets_it_go_refusals_
     refused = Refuse("PATCH", "/solarruns/brief", times=3, code=409)
     with world.operator():
         world.apply(_run("brief"))
-        world.wait_job("brief-fm")
+        world.wait_job("brief-fm-1")
         assert world.run("brief")["metadata"]["finalizers"] == [FINALIZER]
         world.cluster.emulator.faults.append(refused)
         world.cluster.delete(f"{world.runs_path}/brief")
@@ -363,7 +363,7 @@ def test_a_run_carries_the_operators_finalizer_until_a_pass_lets_it_go_refusals_
         legacy = _run("legacy")
         legacy["metadata"]["finalizers"] = ["solarwm.io/operator"]
         world.apply(legacy)
-        world.wait_job("legacy-fm")
+        world.wait_job("legacy-fm-1")
         wait_for(lambda: world.run("legacy")["metadata"].get("finalizers") == [FINALIZER], timeout=30,
                  message="kopf drops its finalizer, which no handler needs")
 
@@ -375,8 +375,8 @@ def test_a_pass_over_a_deleted_run_lets_it_go_and_creates_nothing(world):  # noq
     r = reconciler(world.storage, url=world.cluster.url)
     world.apply(_run("going"))
     r.reconcile(world.namespace, "going", "create")
-    assert world.run("going")["metadata"]["finalizers"] == [FINALIZER] and list(world.jobs()) == ["going-fm"]
-    world.cluster.delete(f"{world.jobs_path}/going-fm")      # the user deletes the run, the collector its
+    assert world.run("going")["metadata"]["finalizers"] == [FINALIZER] and list(world.jobs()) == ["going-fm-1"]
+    world.cluster.delete(f"{world.jobs_path}/going-fm-1")    # the user deletes the run, the collector its
     world.cluster.delete(f"{world.runs_path}/going")         # job; the run waits for the operator
     assert world.run("going")["metadata"].get("deletionTimestamp")
     assert r.reconcile(world.namespace, "going", "poll") is None
@@ -396,7 +396,7 @@ def test_after_a_retry_after_polls_and_retries_wait_but_a_job_event_is_tried_at_
     with pytest.raises(operator_errors.ApiUnavailable, match="asked to wait"):
         r.reconcile(world.namespace, "held", "poll")          # no request made
     assert len(busy.seen) == 1
-    world.set_job("held-fm", "Running")                       # news: tried at once, and it goes through
-    version = world.jobs()["held-fm"]["metadata"]["resourceVersion"]
-    assert r.job_changed(world.namespace, "held", "held-fm", version) is not None and len(busy.seen) == 2
+    world.set_job("held-fm-1", "Running")                     # news: tried at once, and it goes through
+    version = world.jobs()["held-fm-1"]["metadata"]["resourceVersion"]
+    assert r.job_changed(world.namespace, "held", "held-fm-1", version) is not None and len(busy.seen) == 2
     assert r.reconcile(world.namespace, "held", "poll") is not None   # a pass that went through ends the wait

@@ -39,13 +39,13 @@ def test_a_topology_change_resumes_at_the_new_shape_and_a_batch_change_is_refuse
     doc["spec"]["storage"]["path"] = "team-a/shape"
     with world.operator():
         world.apply(doc)
-        world.wait_job("shape-fm")
-        world.set_job("shape-fm", "Running")
+        world.wait_job("shape-fm-1")
+        world.set_job("shape-fm-1", "Running")
         world.write_stage("shape", "fm", result=None, checkpoint=False, steps=(2,))   # no position file
         world.wait_status("shape", lambda s: s.get("step") == 2, "step 2")
         world.patch_spec("shape", {"runPolicy": {"suspend": True}})
         world.wait_phase("shape", "Suspended")
-        wait_for(lambda: "shape-fm" not in world.jobs(), message="the job to be deleted")
+        wait_for(lambda: "shape-fm-1" not in world.jobs(), message="the job to be deleted")
 
         # one node lost: half the data-parallel ranks, the same accumulation -> global batch 4, refused
         world.patch_spec("shape", {"topology": {"nodes": 1}})
@@ -58,12 +58,12 @@ def test_a_topology_change_resumes_at_the_new_shape_and_a_batch_change_is_refuse
         world.wait_status("shape", lambda s: _stage(s, "fm").get("reason") == "TopologyMismatch", "fm held")
         wait_for(lambda: "TopologyMismatch" in world.event_reasons("shape"), message="the mismatch event")
         time.sleep(1.5)   # several polls: still no job, and no second event (kopf posts events asynchronously)
-        assert "shape-fm" not in world.jobs() and world.status("shape")["phase"] == "Pending"
+        assert world.jobs() == {} and world.status("shape")["phase"] == "Pending"
         assert world.event_reasons("shape").count("TopologyMismatch") == 1
 
         # fixed as the message says: attempt 2 resumes step 2 on one node with twice the accumulation
         world.patch_spec("shape", {"topology": {"gradientAccumulation": 2}})
-        job = world.wait_job("shape-fm")
+        job = world.wait_job("shape-fm-2")
         args = _args(job)
         assert "checkpoint.path=/runs/team-a/shape/fm/checkpoints/step_00000002" in args
         assert "distributed.world_size=4" in args and "train.gradient_accumulation=2" in args
@@ -79,18 +79,18 @@ def test_a_topology_change_resumes_at_the_new_shape_and_a_batch_change_is_refuse
 
         # attempt 2 saves step 3 (with its data position) and fails; the retry's topology is checked
         # against that checkpoint's position file
-        world.set_job("shape-fm", "Running")
+        world.set_job("shape-fm-2", "Running")
         write_checkpoint(world.stage_dir("shape", "fm"), 3,
                          saved_with={"world_size": 4, "gradient_accumulation": 2, "nproc_per_node": 4})
         world.patch_spec("shape", {"topology": {"nodes": 2}})   # the node is back, accumulation still 2: 16
-        world.set_job("shape-fm", "Failed", "a rank died")
+        world.set_job("shape-fm-2", "Failed", "a rank died")
         status = world.wait_status("shape", lambda s: _stage(s, "fm").get("reason") == "TopologyMismatch",
                                    "the retry held")
         assert "from 8 to 16" in _condition(status, "Validated")["message"]
         assert "its data/position.json" in _condition(status, "Validated")["message"]
-        assert "shape-fm" not in world.jobs() and _stage(status, "fm")["failures"] == 1
+        assert world.jobs() == {} and _stage(status, "fm")["failures"] == 1
         world.patch_spec("shape", {"topology": {"gradientAccumulation": 1}})
-        job = world.wait_job("shape-fm")
+        job = world.wait_job("shape-fm-3")
         assert "checkpoint.path=/runs/team-a/shape/fm/checkpoints/step_00000003" in _args(job)
         assert "distributed.world_size=8" in _args(job)
         status = world.wait_status("shape", lambda s: len(_stage(s, "fm").get("attempts", [])) == 3, "attempt 3")

@@ -186,5 +186,5 @@ def test_a_restart_reconciles_only_the_runs_that_need_it():
 
     assert handlers._settled({}, {"phase": "Succeeded"}) and handlers._settled({}, {"phase": "Failed"})
     assert not handlers._settled({}, {"phase": "Running"}) and not handlers._settled({}, {})
-    assert not handlers._settled({}, {"phase": "Failed", "jobsToDelete": ["a-fm"]})
+    assert not handlers._settled({}, {"phase": "Failed", "jobsToDelete": ["a-fm-1"]})
     assert not handlers._settled({"finalizers": [FINALIZER]}, {"phase": "Succeeded"})   # its finalizer to remove

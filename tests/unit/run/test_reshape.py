@@ -153,7 +153,7 @@ def test_a_suspended_stage_resumes_at_a_new_shape_and_a_batch_change_waits_for_a
     sim.step()
     fm = sim.status.stage("fm")
     assert fm.attempts[0].topology.worldSize == 2 and fm.attempts[0].resumedFrom is None
-    sim.jobs["fm"] = JobState("tiny-wan-fm", "Running", attempt=1)
+    sim.jobs["fm"] = JobState("tiny-wan-fm-1", "Running", attempt=1)
     sim.files["fm"] = StageFiles(exists=True, launched=True, latest=2, last_activity=T0)   # no position file
     sim.set(suspend=True, gpusPerNode=2)
     sim.step()
@@ -193,7 +193,7 @@ def test_a_retry_after_a_failure_resumes_at_the_new_shape_from_the_position_file
     sim.step()
     sim.files["fm"] = StageFiles(exists=True, launched=True, latest=2, last_activity=T0,
                                  position=_position(world=1, accumulation=2, nproc=1))
-    sim.jobs["fm"] = JobState("tiny-wan-fm", "Failed", "exit code 1", attempt=1)
+    sim.jobs["fm"] = JobState("tiny-wan-fm-1", "Failed", "exit code 1", attempt=1)
     sim.set(gpusPerNode=2, gradientAccumulation=1)   # more GPUs came back: same global batch
     sim.step()                                      # the failure counted, its job deleted
     d = sim.step()
@@ -208,7 +208,7 @@ def test_a_failed_attempt_then_a_batch_change_is_refused_before_any_job():
     sim.step()
     sim.files["fm"] = StageFiles(exists=True, launched=True, latest=2, last_activity=T0,
                                  position=_position(world=1, nproc=1))
-    sim.jobs["fm"] = JobState("tiny-wan-fm", "Failed", "exit code 1", attempt=1)
+    sim.jobs["fm"] = JobState("tiny-wan-fm-1", "Failed", "exit code 1", attempt=1)
     sim.set(gpusPerNode=2)
     sim.step()
     sim.step()
