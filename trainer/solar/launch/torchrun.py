@@ -15,13 +15,10 @@ each rank's process group itself and goes on watching them, so it ends as they e
          SIGHUP, SIGQUIT stay torchrun's: passed on, waited for, then this status)
 
 The same statuses as ``solar train`` alone with world_size N > 1 (``solar.launch.launcher``), which
-starts its ranks through the same agent. ``solar run`` and the operator's pods still start torch's own
-``torchrun``: a PyTorchJob whose Master container exits 0 reads Succeeded (a TrainJob Complete), and
-the state machine (``solar.run.success``) fails a stage whose job succeeded while its run-result.json
-says ``stopped`` (ResultIncomplete) where today's exit 1 retries it from the checkpoint. Once the
-machine reads "succeeded and stopped" as a stop to resume, not counted, the pods' command can be
-``python -m solar.launch.torchrun`` (jobs.py, trainjobs.py, the trainer image's note) and ``solar run``'s
-too (``local/executor.py``).
+starts its ranks through the same agent. The operator's pods (``solar_operator.jobs.LAUNCHER``) and
+``solar run`` start this module: a PyTorchJob whose Master container exits 0 after a stop reads
+Succeeded (a TrainJob Complete), and the state machine resumes a stage whose job reads Succeeded while
+its run-result.json says ``stopped`` after a new checkpoint (``StageStopped``, not counted).
 """
 
 from __future__ import annotations
