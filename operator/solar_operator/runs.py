@@ -265,15 +265,20 @@ class Reconciler:
         """Stages not yet succeeded that have a job or an attempt: their pods (``capacity.stage_pods``: alive,
         unschedulable, disrupted, on the real cluster's timeline) and, for elastic ones with nodes read,
         how many nodes could hold one of their pods now (``capacity.free_nodes``). With nodes read the
-        pods come from the shared cluster listing, else from one listing of the stage's own."""
+        pods come from the shared cluster listing (no request of the run's own); without, a listing of
+        the stage's own, made for an elastic stage every pass and for another only when its job failed
+        or is gone (a failure or a disruption to tell apart, old pods to wait for), so that a running
+        stage's pass costs no more requests than before."""
         pods, room = {}, {}
         recorded = {s.name: s for s in previous.stages} if previous is not None else {}
         stages = [p for p in plan.stages if (jobs.get(p.name) is not None or (
             p.name in recorded and recorded[p.name].attempt > 0)) and not (
             p.name in recorded and recorded[p.name].phase == "Succeeded")]
+        if not self.capacity.read_nodes:
+            stages = [p for p in stages if p.elastic or jobs.get(p.name) is None or jobs[p.name].phase == "Failed"]
         if not stages:
             return pods, room
-        # a failed or running job may be decided on now: the nodes as they are, not as a moment ago
+        # a failed job is decided on now: the nodes as they are, not as a moment ago
         fresh = any(jobs.get(p.name) is not None and jobs[p.name].phase == "Failed" for p in stages)
         cluster = self.capacity.cluster(fresh=fresh)
         meta = run["metadata"]
