@@ -10,7 +10,7 @@ import copy
 import yaml
 
 from solar.run.pods import Pods
-from solar.run.machine import ATTEMPTS_KEPT, JobState, Observation, reconcile
+from solar.run.machine import ATTEMPTS_KEPT, JobState, Observation, iso, reconcile
 from solar.run.observe import StageFiles
 from solar.run.plan import plan_run
 from solar.run.spec import SolarRun
@@ -42,6 +42,7 @@ class Sim:
         self.latest: int | None = None
         self.last_step: tuple[int, float] | None = None   # rank 0's newest step record
         self.result: str | None = None                     # run-result.json's status
+        self.usage: dict | None = None                     # ... and its usage (each launch's start)
         self.created, self.deleted, self.events = [], [], []
         self.changes, self.costs = [], []
 
@@ -49,7 +50,7 @@ class Sim:
         self.now += advance
         files = {"fm": StageFiles(exists=self.latest is not None, launched=self.latest is not None,
                                   latest=self.latest, last_activity=self.now, last_step=self.last_step,
-                                  result=self.result)}
+                                  result=self.result, usage=self.usage)}
         obs = Observation("tiny-wan", 1, self.now, plan=self.plan, jobs=dict(self.jobs), files=files,
                           pods=dict(self.pods), capacity=dict(self.capacity))
         d = reconcile(self.spec, self.status, obs)
@@ -372,6 +373,17 @@ def test_an_attempt_stopped_by_a_signal_after_saving_resumes_whatever_its_job_re
         sim.latest = 10
         sim.step(30)
         sim.latest, sim.result = 12, "stopped"                  # SIGTERM: the step finished and saved
+        sim.usage = {"attempts": [{"started": iso(sim.now - 60)}]}     # before attempt 1 started: not its
+        sim.set_job(phase)
+        sim.step(0)
+        assert sim.fm.reason == ("ResultIncomplete" if phase == "Succeeded" else "BackoffLimitExceeded"), phase
+        sim = Sim()
+        sim.step()
+        sim.set_job("Running")
+        sim.latest = 10
+        sim.step(30)
+        sim.latest, sim.result = 12, "stopped"
+        sim.usage = {"attempts": [{"started": iso(sim.now - 25)}]}     # this attempt's launch
         sim.set_job(phase)
         d = sim.step(1)
         assert [(a.kind, a.stage) for a in d.actions] == [("delete_job", "fm")], phase
@@ -379,6 +391,7 @@ def test_an_attempt_stopped_by_a_signal_after_saving_resumes_whatever_its_job_re
         assert "saved at step 12" in sim.fm.message and f"reads {phase}" in sim.fm.message
         d = sim.step(1)
         assert d.actions[0].kind == "create_job" and d.actions[0].resume_from.endswith("step_00000012")
+        sim.usage = {"attempts": [*sim.usage["attempts"], {"started": iso(sim.now)}]}
         sim.set_job(phase)                                      # stopped again before saving anything new
         sim.step(1)
         assert sim.status.phase == "Failed", phase             # backoffLimit 0: counted this time

@@ -331,9 +331,16 @@ def _stopped(r: _Run, st: StageStatus, p: StagePlan, job: JobState, files: Stage
     if p.action != "train" or files.result != "stopped" or files.result_problem or files.latest is None \
             or job.attempt not in (None, st.attempt):
         return False
-    resumed = st.attempts[-1].resumedFrom if st.attempts and st.attempts[-1].attempt == st.attempt else None
-    if files.latest <= (resumed or 0):
+    current = st.attempts[-1] if st.attempts and st.attempts[-1].attempt == st.attempt else None
+    if current is None or files.latest <= (current.resumedFrom or 0):
         return False
+    launch = (((files.usage or {}).get("attempts") or [{}])[-1] or {}).get("started")
+    try:
+        launched, started = parse_iso(launch), parse_iso(current.startTime)
+    except ValueError:
+        return False
+    if launched is None or started is None or launched < started:
+        return False                     # the stop is an earlier launch's: this one wrote no result
     message = C.STAGE_STOPPED.message(stage=st.name, attempt=st.attempt, step=files.latest, phase=job.phase)
     r.decision.actions.append(Action("delete_job", st.name, job.name))
     r.stage_phase(st, "Pending")
