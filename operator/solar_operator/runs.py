@@ -83,6 +83,17 @@ def _may_grow(p, previous: SolarRunStatus | None, job, room: int | None) -> bool
         and elastic.grown(p.elastic, nodes=shape.nodes, capacity=room) is not None
 
 
+def _may_shrink(p, spec, previous: SolarRunStatus | None, pods, now: float) -> bool:
+    """Stage ``p``'s pods are unschedulable and have been for shrinkAfterSeconds by the status: the machine
+    may shrink it in this pass."""
+    recorded = next((s for s in previous.stages if s.name == p.name), None) if previous is not None else None
+    since = machine.parse_iso(recorded.elastic.unschedulableSince) if recorded is not None and \
+        recorded.elastic is not None else None
+    settings = machine.elastic_settings(spec, p.name)
+    return pods.unschedulable and since is not None and settings is not None \
+        and now - since >= settings.shrinkAfterSeconds
+
+
 class Reconciler:
     def __init__(self, kube, backend: JobBackend, *, storage_root: Path, repo: Path, clock=time.time,
                  read_nodes: bool = False, node_lost_seconds: float = NODE_LOST_SECONDS) -> None:
@@ -282,34 +293,48 @@ class Reconciler:
         fresh = any(jobs.get(p.name) is not None and jobs[p.name].phase == "Failed" for p in stages)
         cluster = self.capacity.cluster(fresh=fresh)
         meta = run["metadata"]
-        listed = {}
-        for p in stages:
-            selector = {RUN_LABEL: meta["name"], STAGE_LABEL: p.name}
-            own = [x for x in cluster[1] if x["metadata"].get("namespace") == meta["namespace"]
-                   and all((x["metadata"].get("labels") or {}).get(k) == v for k, v in selector.items())] \
-                if cluster is not None else \
-                self.kube.list_pods(meta["namespace"], f"{RUN_LABEL}={meta['name']},{STAGE_LABEL}={p.name}")
-            job = jobs.get(p.name)
-            attempt = job.attempt if job is not None and job.attempt else (
-                recorded[p.name].attempt if p.name in recorded else None)
-            listed[p.name] = own, attempt
+
+        def own_pods(cluster) -> dict:
+            listed = {}
+            for p in stages:
+                selector = {RUN_LABEL: meta["name"], STAGE_LABEL: p.name}
+                own = [x for x in cluster[1] if x["metadata"].get("namespace") == meta["namespace"]
+                       and all((x["metadata"].get("labels") or {}).get(k) == v for k, v in selector.items())] \
+                    if cluster is not None else \
+                    self.kube.list_pods(meta["namespace"], f"{RUN_LABEL}={meta['name']},{STAGE_LABEL}={p.name}")
+                job = jobs.get(p.name)
+                attempt = job.attempt if job is not None and job.attempt else (
+                    recorded[p.name].attempt if p.name in recorded else None)
+                listed[p.name] = own, attempt
+            return listed
+
+        def read(cluster, listed) -> dict:
+            nodes = {n["metadata"]["name"]: n for n in cluster[0]} if cluster is not None else None
+            out = {}
+            for p in stages:
+                own, attempt = listed[p.name]
+                settings = machine.elastic_settings(spec, p.name)
+                lost_after = settings.nodeLostSeconds if settings is not None else self.node_lost_seconds
+                last = (recorded[p.name].attempts or [None])[-1] if p.name in recorded else None
+                ran_on = tuple(last.nodeNames or ()) if last is not None and last.attempt == attempt else ()
+                out[p.name] = capacity.stage_pods(own, attempt, nodes, ATTEMPT_LABEL, now=now,
+                                                  lost_after=lost_after, ran_on=ran_on)
+            return out
+
+        listed = own_pods(cluster)
         elastic_stages = [p for p in stages if p.elastic]
         room = self._room(spec, elastic_stages, listed, cluster)
-        if not fresh and cluster is not None and any(_may_grow(p, previous, jobs.get(p.name), room[p.name])
-                                                     for p in elastic_stages):
-            # so is a grow, which stops a running attempt: a listing up to CACHE_SECONDS old may show nodes
-            # that a pending job has taken since (the grown attempt then waits, and shrinks again)
+        pods = read(cluster, listed)
+        if not fresh and cluster is not None and any(
+                _may_grow(p, previous, jobs.get(p.name), room[p.name])
+                or _may_shrink(p, spec, previous, pods[p.name], now) for p in elastic_stages):
+            # so is a change of shape, which stops an attempt: a listing up to CACHE_SECONDS old may show
+            # nodes that a pending job has taken since (a grown attempt then waits, and shrinks again), or
+            # pods pending that were bound since (an attempt whose ranks run is stopped for nothing)
             cluster = self.capacity.cluster(fresh=True)
+            listed = own_pods(cluster)
             room = self._room(spec, elastic_stages, listed, cluster)
-        nodes = {n["metadata"]["name"]: n for n in cluster[0]} if cluster is not None else None
-        for p in stages:
-            own, attempt = listed[p.name]
-            settings = machine.elastic_settings(spec, p.name)
-            lost_after = settings.nodeLostSeconds if settings is not None else self.node_lost_seconds
-            last = (recorded[p.name].attempts or [None])[-1] if p.name in recorded else None
-            ran_on = tuple(last.nodeNames or ()) if last is not None and last.attempt == attempt else ()
-            pods[p.name] = capacity.stage_pods(own, attempt, nodes, ATTEMPT_LABEL, now=now, lost_after=lost_after,
-                                               ran_on=ran_on)
+            pods = read(cluster, listed)
         return pods, room
 
     @staticmethod

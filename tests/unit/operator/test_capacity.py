@@ -449,3 +449,33 @@ def test_a_failed_attempt_whose_pods_are_gone_was_disrupted_when_a_node_it_ran_o
     found = stage_pods([master], 2, nodes, ATTEMPT, now=NOW, lost_after=60, ran_on=("gpu-1", "gpu-2"))
     assert found.disrupted == "its pods are gone, and node gpu-2, which it ran on, is gone"
     assert stage_pods([master], 2, None, ATTEMPT, now=NOW, lost_after=60, ran_on=("gpu-2",)).disrupted is None
+
+
+def test_an_unschedulable_shrink_the_cached_listing_allows_is_decided_on_a_fresh_one():
+    """A listing up to CACHE_SECONDS old may show pods pending that were bound since: the shrink would stop
+    an attempt whose ranks run (helper-found in the elastic chaos bench: 6 of 22 such shrinks)."""
+    from solar.run.machine import JobState, iso
+    from solar.run.spec import ElasticStatus, SolarRunStatus, StageStatus
+
+    run, spec, plan, _ = _elastic_run()
+    labels = {"solarwm.io/attempt": "3", "solarwm.io/run": "tiny-wan", "solarwm.io/stage": "fm"}
+    pending = _pod("tiny-wan-fm-3-worker-1", phase="Pending", gpus=2, uid="w1", conditions=(UNSCHEDULABLE,))
+    bound = _pod("tiny-wan-fm-3-worker-1", node="n2", gpus=2, uid="w1")
+    for pod in (pending, bound):
+        pod["metadata"].update(namespace="ns", labels=labels)
+    nodes = [_node(f"n{i}", gpus=2) for i in range(1, 5)]
+    waited = SolarRunStatus(stages=[StageStatus(name="fm", phase="Running", attempt=3, elastic=ElasticStatus(
+        nodes=4, unschedulableSince=iso(NOW - 400)))])        # shrinkAfterSeconds 300 has passed
+    kube = _Cluster([], [(nodes, [pending]), (nodes, [bound])])
+    reconciler = _view_of(kube)
+    pods, _ = reconciler._pods_view(run, spec, plan, waited, {"fm": JobState("tiny-wan-fm-3", "Running", attempt=3)},
+                                    NOW)
+    assert kube.calls == 2 and not pods["fm"].unschedulable and pods["fm"].placed == ("n2",)
+    # not yet due: the cached listing serves
+    young = waited.model_copy(deep=True)
+    young.stages[0].elastic.unschedulableSince = iso(NOW - 10)
+    kube = _Cluster([], [(nodes, [pending]), (nodes, [bound])])
+    reconciler = _view_of(kube)
+    pods, _ = reconciler._pods_view(run, spec, plan, young, {"fm": JobState("tiny-wan-fm-3", "Running", attempt=3)},
+                                    NOW)
+    assert kube.calls == 1 and pods["fm"].unschedulable

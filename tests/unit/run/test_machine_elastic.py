@@ -433,3 +433,32 @@ def test_the_nodes_an_attempt_ran_on_are_recorded_once_seen():
     sim.pods["fm"] = Pods(alive=4, placed=("n1", "n3", "n4"))
     sim.step(1)
     assert sim.fm.attempts[-1].nodeNames == ["n1", "n2", "n3", "n4"]
+
+
+def test_an_evicted_attempt_that_saved_on_its_sigterm_is_a_disruption_sized_to_the_cluster():
+    """The taint manager's eviction sends SIGTERM: the ranks finish their step, save and exit 0, the job
+    may read Succeeded; its pods say why (DisruptionTarget): a shrink to what the cluster holds, its cost
+    counted, not a StageStopped at the old shape."""
+    sim = Sim()
+    sim.step()
+    sim.set_job("Running")
+    sim.latest = 10
+    sim.step(30)
+    sim.latest, sim.result = 12, "stopped"
+    sim.usage = {"attempts": [{"started": iso(sim.now - 25)}]}
+    sim.set_job("Succeeded")
+    sim.pods["fm"] = Pods(disrupted="pod tiny-wan-fm-1-worker-1: DisruptionTarget (DeletionByTaintManager)",
+                          since=sim.now - 2)
+    sim.capacity["fm"] = 3
+    sim.step(1)
+    assert sim.fm.reason == "TopologyShrunk" and sim.fm.elastic.nodes == 2 and sim.fm.elastic.disruptedAt
+    sim.pods["fm"] = Pods()
+    assert sim.step(1).actions[0].resume_from.endswith("step_00000012")
+    # a stage that completed is done, whatever a pod evicted at its end says
+    sim = Sim()
+    sim.step()
+    sim.latest, sim.result = 100, "complete"
+    sim.set_job("Succeeded")
+    sim.pods["fm"] = Pods(disrupted="pod tiny-wan-fm-1-worker-1: DisruptionTarget (DeletionByTaintManager)")
+    sim.step(1)
+    assert sim.fm.phase != "Pending" and sim.fm.reason != "TopologyShrunk"

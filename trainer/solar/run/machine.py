@@ -283,6 +283,15 @@ def _advance(r: _Run, spec: SolarRunSpec, st: StageStatus, p: StagePlan, obs: Ob
     if st.reason == C.QUEUED.name:                       # admitted since the last look
         st.reason = st.message = None
         st.admittedTime = iso(r.now)
+    if pods.placed and st.attempts and st.attempts[-1].attempt == st.attempt and job.attempt in (None, st.attempt):
+        st.attempts[-1].nodeNames = sorted(set(st.attempts[-1].nodeNames or ()) | set(pods.placed))
+    finished = job.phase == "Succeeded" and files.result != "stopped"
+    if pods.disrupted and not finished and job.attempt in (None, st.attempt) and not job.refused:
+        # whatever the job's phase: a real cluster's job reads Running until the taint manager's
+        # eviction, minutes after the node was lost (solar.run.pods); an evicted attempt that saved on
+        # its SIGTERM is still a disruption (its shape, its cost), resumed from what it saved
+        _disrupted(r, st, p, job, pods, obs.capacity.get(st.name))
+        return False
     if job.phase in ("Succeeded", "Failed") and _stopped(r, st, p, job, files):
         return False
     if job.phase == "Succeeded":
@@ -292,13 +301,6 @@ def _advance(r: _Run, spec: SolarRunSpec, st: StageStatus, p: StagePlan, obs: Ob
             return False
         _stage_done(r, st, p, files)
         return True
-    if pods.placed and st.attempts and st.attempts[-1].attempt == st.attempt and job.attempt in (None, st.attempt):
-        st.attempts[-1].nodeNames = sorted(set(st.attempts[-1].nodeNames or ()) | set(pods.placed))
-    if pods.disrupted and job.attempt in (None, st.attempt) and not job.refused:
-        # whatever the job's phase: a real cluster's job reads Running until the taint manager's
-        # eviction, minutes after the node was lost (solar.run.pods)
-        _disrupted(r, st, p, job, pods, obs.capacity.get(st.name))
-        return False
     if job.phase == "Failed":
         _job_failed(r, spec, st, job, files)
         return False
