@@ -43,6 +43,7 @@ class Sim:
         self.last_step: tuple[int, float] | None = None   # rank 0's newest step record
         self.result: str | None = None                     # run-result.json's status
         self.usage: dict | None = None                     # ... and its usage (each launch's start)
+        self.files_extra: dict = {}                        # other StageFiles fields
         self.created, self.deleted, self.events = [], [], []
         self.changes, self.costs = [], []
 
@@ -50,7 +51,7 @@ class Sim:
         self.now += advance
         files = {"fm": StageFiles(exists=self.latest is not None, launched=self.latest is not None,
                                   latest=self.latest, last_activity=self.now, last_step=self.last_step,
-                                  result=self.result, usage=self.usage)}
+                                  result=self.result, usage=self.usage, **self.files_extra)}
         obs = Observation("tiny-wan", 1, self.now, plan=self.plan, jobs=dict(self.jobs), files=files,
                           pods=dict(self.pods), capacity=dict(self.capacity))
         d = reconcile(self.spec, self.status, obs)
@@ -462,3 +463,19 @@ def test_an_evicted_attempt_that_saved_on_its_sigterm_is_a_disruption_sized_to_t
     sim.pods["fm"] = Pods(disrupted="pod tiny-wan-fm-1-worker-1: DisruptionTarget (DeletionByTaintManager)")
     sim.step(1)
     assert sim.fm.phase != "Pending" and sim.fm.reason != "TopologyShrunk"
+
+
+def test_a_disrupted_attempt_whose_files_prove_the_stage_complete_is_done_not_relaunched():
+    """A dead kubelet's ranks finished the stage while its job still read Running (no kubelet reported
+    the exit): a new attempt would resume the last step and train none."""
+    sim = Sim()
+    sim.step()
+    sim.set_job("Running")
+    sim.step(30)
+    sim.latest, sim.result = 100, "complete"
+    sim.files_extra = {"final": "verified", "marker": True, "marker_status": "complete"}
+    sim.pods["fm"] = Pods(disrupted="pod tiny-wan-fm-1-worker-1: its node n2 has been Unknown for 61 s")
+    sim.capacity["fm"] = 3
+    d = sim.step(1)
+    assert ("delete_job", "fm") in [(a.kind, a.stage) for a in d.actions]
+    assert sim.fm.phase == "Succeeded" and not [a for a in d.actions if a.kind == "create_job" and a.stage == "fm"]

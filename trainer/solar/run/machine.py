@@ -290,6 +290,12 @@ def _advance(r: _Run, spec: SolarRunSpec, st: StageStatus, p: StagePlan, obs: Ob
         # whatever the job's phase: a real cluster's job reads Running until the taint manager's
         # eviction, minutes after the node was lost (solar.run.pods); an evicted attempt that saved on
         # its SIGTERM is still a disruption (its shape, its cost), resumed from what it saved
+        if files.result == "complete" and success.completion_problem(p, files) is None:
+            # ... but one whose files prove the stage complete (a dead kubelet's ranks finished while
+            # their job still read Running: no kubelet reported the exit) is done: no launch to run none
+            r.decision.actions.append(Action("delete_job", st.name, job.name))
+            _stage_done(r, st, p, files)
+            return True
         _disrupted(r, st, p, job, pods, obs.capacity.get(st.name))
         return False
     if job.phase in ("Succeeded", "Failed") and _stopped(r, st, p, job, files):
