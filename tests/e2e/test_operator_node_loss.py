@@ -62,16 +62,20 @@ def _latest(stage_dir: Path) -> int:
     return int(found[-1].split("_")[1]) if found else 0
 
 
-def _starts(stage_dir: Path) -> list[dict]:
-    """Rank 0's ``start`` records: one per launch that reached its first step's setup."""
+def _first_step_of_launch(stage_dir: Path, n: int) -> dict | None:
+    """Rank 0's first step record of its ``n``-th launch (1-based), in file order: with a dead kubelet the
+    first launch's ranks go on stepping after the loss, so a step's time alone does not say whose it is."""
     path = stage_dir / "events" / "rank-00000.jsonl"
-    if not path.is_file():
-        return []
-    return [e for e in map(json.loads, path.read_text().splitlines()) if e["event"] == "start"]
-
-
-def _first_step_after(stage_dir: Path, t: float) -> dict | None:
-    return next((e for e in steps(stage_dir) if e["time"] > t), None) if (stage_dir / "events").is_dir() else None
+    started = 0
+    for line in path.read_text().splitlines() if path.is_file() else []:
+        try:
+            e = json.loads(line)
+        except json.JSONDecodeError:     # a line being written
+            return None
+        started += e["event"] == "start"
+        if started == n and e["event"] == "step":
+            return e
+    return None
 
 
 def _config() -> Path:
@@ -142,7 +146,7 @@ def test_a_lost_node_is_replaced_while_the_job_still_runs_and_the_stage_goes_on_
                                        "the stage shrunk to one node", timeout=TOLERATION / 4)
             decided = time.time() - lost_at
             job = world.jobs().get("lost-fm")
-            first = wait_for(lambda: _first_step_after(fm, lost_at) if len(_starts(fm)) >= 2 else None,
+            first = wait_for(lambda: _first_step_of_launch(fm, 2),
                              timeout=120, interval=0.1, message="the one-node attempt's first step")
             recovered = first["time"] - lost_at
             if how == "silent":      # the node comes back: its woken rank must leave the stage as it is
