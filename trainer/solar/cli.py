@@ -180,7 +180,28 @@ def cmd_checkpoint_verify(args: argparse.Namespace) -> int:
         contract.pop("sequence_parallel_size")
     report = verify(args.dir, contract)
     _emit_json(report)
+    _say_superseded(args.dir)
     return 0 if report["valid"] else 2
+
+
+def _say_superseded(path: str) -> None:
+    """One line on stderr when ``path`` is a checkpoint a rewind moved aside (it still verifies)."""
+    import json
+    from pathlib import Path
+
+    from solar.diagnose.evidence import superseded_of
+
+    found = superseded_of(path)
+    if found is None:
+        return
+    run, record = found
+    try:
+        rewind = json.loads((run / "launches" / f"{record}-launch-manifest.json").read_text()).get("rewind") or {}
+    except (OSError, ValueError, AttributeError):
+        rewind = {}
+    to = f" to step {rewind['step']}" if isinstance(rewind.get("step"), int) else ""
+    print(f"solar: {path} is superseded: launch record {record} rewound {run}{to} and kept it aside; "
+          f"`solar checkpoint list {run}` lists the run's checkpoints", file=sys.stderr)
 
 
 def cmd_checkpoint_list(args: argparse.Namespace) -> int:
@@ -201,7 +222,29 @@ def cmd_checkpoint_list(args: argparse.Namespace) -> int:
         raise SolarError(f"{args.run_dir} is a run's checkpoints folder; give the run directory: "
                          f"`solar checkpoint list {path.parent}`")
     _emit_json(list_checkpoints(args.run_dir))
+    line = _superseded_line(path)
+    if line:
+        print(line, file=sys.stderr)
     return 0
+
+
+def _superseded_line(run_dir) -> str | None:
+    """How many checkpoints rewinds moved aside and where (``checkpoints/superseded/NNNN/``), in one line."""
+    from pathlib import Path
+
+    from solar.diagnose.evidence import superseded_checkpoints
+
+    aside = superseded_checkpoints(run_dir)
+    if not aside:
+        return None
+    by_launch: dict[str, list[str]] = {}
+    for c in aside:
+        by_launch.setdefault(c["launch"], []).append(Path(c["path"]).name)
+    kept = "; ".join(f"{launch}: " + (", ".join(names) if len(names) <= 3 else
+                                      f"{names[0]} .. {names[-1]} ({len(names)})")
+                     for launch, names in by_launch.items())
+    return (f"solar: {len(aside)} superseded checkpoint{'s are' if len(aside) > 1 else ' is'} kept under "
+            f"{Path(run_dir) / 'checkpoints' / 'superseded'}/ ({kept}; moved aside by rewinds, not listed)")
 
 
 def cmd_checkpoint_export(args: argparse.Namespace) -> int:

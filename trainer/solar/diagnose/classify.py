@@ -1,11 +1,18 @@
 """From evidence to a diagnosis (semantics.md §8): start at the first failing boundary, name the
 ranks, steps and sample identities, and quote the evidence lines. Pure: ``diagnose(Evidence)``.
 
-Classes: non_finite, oom, hang, sp_mismatch, shape, data, checkpoint_load, validation_setup,
-validation_missing, validation_errors, crashed, error (unclassified, quoted), and the healthy
-states healthy, running, stopped. A quiet worker alone is never a fault: a hang needs a rank that
-has not entered the collective its peers are in, and either the peers failed (a collective timeout)
-or every rank's heartbeat has been still for ``STALE_SECONDS``.
+Classes: non_finite, oom, hang, sp_mismatch, shape, data, checkpoint_load, checkpoint_collision (a
+save that found its step's checkpoint already committed by an earlier launch: a resume from an older
+checkpoint into a directory that was not rewound), validation_setup, validation_missing,
+validation_errors, crashed, error (unclassified, quoted), and the healthy states healthy, running,
+stopped. A quiet worker alone is never a fault: a hang needs a rank that has not entered the
+collective its peers are in, and either the peers failed (a collective timeout) or every rank's
+heartbeat has been still for ``STALE_SECONDS``.
+
+Every diagnosis also names the rewinds in place and restarts from step 0 the launch records hold
+(the latest launch's with its record and event as evidence) and the checkpoints rewinds moved aside;
+a stopped run, or a failed one that left a checkpoint to go on from, gets the command that continues
+it (``continuation.py``).
 """
 
 from __future__ import annotations
@@ -18,6 +25,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from solar.diagnose.evidence import Evidence, Line, OutputState, Rank
+from solar.storage.checkpoints import step_name
 
 STALE_SECONDS = float(os.environ.get("SOLAR_DIAGNOSE_STALE_SECONDS", "300"))
 ERROR_KINDS = {"non_finite": "non_finite", "oom": "oom", "sp_mismatch": "sp_mismatch", "shape": "shape",
@@ -33,17 +41,26 @@ class Diagnosis:
     first_bad: dict = field(default_factory=dict)   # rank, step, phase, sample identity ...
     details: list[str] = field(default_factory=list)
     evidence: list[Line] = field(default_factory=list)
+    next: dict | None = None   # what continues the run: {command, from_source, checkpoint, step, note}
 
     def as_dict(self) -> dict:
         return jsonable({"schema": "solar.diagnosis.v1", "status": self.status, "kind": self.kind,
                          "summary": self.summary, "first_bad": self.first_bad, "details": self.details,
-                         "evidence": [line.as_dict() for line in self.evidence]})
+                         "evidence": [line.as_dict() for line in self.evidence], "next": self.next})
 
     def text(self) -> str:
         lines = [f"{self.status.upper()}: {self.kind}", f"  {self.summary}"]
         if self.first_bad:
             lines.append("  first bad: " + ", ".join(f"{k} {v}" for k, v in self.first_bad.items()))
         lines += [f"  - {d}" for d in self.details]
+        if self.next:
+            lines.append(f"continue it from checkpoint step {self.next['step']}:" if self.next["step"] is not None
+                         else "start it over from step 0 (no checkpoint to resume from):")
+            lines.append(f"  {self.next['command']}")
+            if self.next["from_source"]:
+                lines += ["  or from its source config:", f"  {self.next['from_source']}"]
+            if self.next["note"]:
+                lines.append(f"  ({self.next['note']})")
         if self.evidence:
             lines.append("evidence:")
             lines += [f"  {e.where}: {e.text}" for e in self.evidence]
@@ -100,6 +117,15 @@ def _log_lines(ev: Evidence, r: Rank, limit: int = 4) -> list[Line]:
 
 # -- the entry point ---------------------------------------------------------------------------------------
 def diagnose(ev: Evidence) -> Diagnosis:
+    found = _classify(ev)
+    details, evidence = _history(ev)
+    found.details += details
+    found.evidence += evidence
+    found.next = _next(ev, found)
+    return found
+
+
+def _classify(ev: Evidence) -> Diagnosis:
     result = ev.result or {}
     errors = [(r, n, e) for r in ev.ranks.values() for n, e in r.of("error")]
     failed_ranks = [r for r in ev.ranks.values() if (r.heartbeat or {}).get("phase") == "failed"]
@@ -145,6 +171,9 @@ def _failure(ev: Evidence, errors: list[tuple[Rank, int | None, dict]]) -> Diagn
     error_type = result.get("error_type") or next((e.get("error_type") for _, _, e in errors), None) or "error"
     message = result.get("message") or next((e.get("message") for _, _, e in errors), "") or ""
     kind = ERROR_KINDS.get(error_type, "error")
+    collision = COLLISION.search(message)
+    if collision is not None:
+        return _collision(ev, errors, message, int(collision.group(1)))
     if kind == "error" and re.search(r"timed out|timeout", message, re.I):
         kind = "hang"
     if kind == "hang":
@@ -174,6 +203,120 @@ def _failure(ev: Evidence, errors: list[tuple[Rank, int | None, dict]]) -> Diagn
               "storage_error": "a failing volume"}
     summary = f"{titles[kind]}{where}{at}: {_clip(message)}"
     return Diagnosis("failed", kind, summary, first, details, evidence)
+
+
+# -- rewinds, restarts, and what continues the run -----------------------------------------------------
+def _launch_number(record: str) -> int | None:
+    """A launch's number from its record: ``launch-manifest.json`` 1, ``launches/NNNN-...`` NNNN + 1."""
+    if record == "launch-manifest.json":
+        return 1
+    m = re.match(r"launches/(\d{4})-launch-manifest\.json$", record)
+    return int(m.group(1)) + 1 if m else None
+
+
+def _history(ev: Evidence) -> tuple[list[str], list[Line]]:
+    """Every rewind in place and restart from step 0 the launch records hold (one line each), the
+    latest launch's own with its record and rank 0's event as evidence, and the checkpoints kept aside."""
+    details, evidence = [], []
+    for where, doc in ev.records:
+        n = _launch_number(where)
+        rewind, restart = doc.get("rewind"), doc.get("restart")
+        if isinstance(rewind, dict):
+            names = ", ".join(rewind.get("superseded") or []) or "no checkpoint"
+            details.append(f"launch {n} ({where}) rewound the run to step {rewind.get('step')}: {names} superseded"
+                           + (f", kept under {rewind['superseded_dir']}/" if rewind.get("superseded_dir") else ""))
+        if isinstance(restart, dict):
+            k = restart.get("earlier_launches")
+            details.append(f"launch {n} ({where}) started the run over from step 0 (no committed checkpoint); its "
+                           f"{k} earlier launch{' is' if k == 1 else 'es are'} kept as history"
+                           + (f"; {len(restart.get('moved') or [])} path(s) moved under {restart['superseded_dir']}/"
+                              if restart.get("superseded_dir") else ""))
+    if ev.records:
+        where, doc = ev.records[-1]
+        for key, fields in (("rewind", ("checkpoint", "step", "superseded", "superseded_dir")),
+                            ("restart", ("earlier_launches", "superseded_dir", "moved"))):
+            if isinstance(doc.get(key), dict):
+                shown = json.dumps({k: doc[key][k] for k in fields if k in doc[key]})
+                evidence.append(Line(where, f"{key}: {_clip(shown, 400)}"))
+        r = ev.ranks.get(0)
+        for kind in ("rewound", "restarted"):
+            evidence += [Line(_where(ev, "events", 0, "jsonl", n), _short(e, ("event", "step", "earlier_launches",
+                                                                              "superseded")))
+                         for n, e in (r.of(kind) if r else [])]
+    if ev.superseded:
+        details.append(f"{len(ev.superseded)} superseded checkpoint{'s' if len(ev.superseded) > 1 else ''} kept under "
+                       "checkpoints/superseded/ (never resumed from)")
+    return details, evidence
+
+
+def _next(ev: Evidence, found: Diagnosis) -> dict | None:
+    """The command that continues a training run found stopped, or failed after committing a
+    checkpoint: a full resume from its newest verified checkpoint (a collision: from the newest this
+    launch committed, else its own resume point, where the launch meant to go on from)."""
+    from solar.diagnose.continuation import continuation
+
+    action = (ev.current or ev.launch or {}).get("action") or (ev.config or {}).get("action")
+    if action != "train" or ev.config_path is None or found.status not in ("stopped", "failed"):
+        return None
+    valid = {c["step"]: Path(c["path"]).name for c in ev.checkpoints if c.get("valid")}
+    note = None
+    if found.kind == "checkpoint_collision":
+        own = [s for s in _own_checkpoints(ev) if s in valid]
+        step = max(own) if own else _resumed_step(ev.current)
+        later = [valid[s] for s in sorted(valid) if step is not None and s > step and s not in own]
+        if later:
+            note = (f"a trainer that rewinds in place moves {', '.join(later)} under checkpoints/superseded/; to go "
+                    f"on from the earlier launch's newest instead, resume from "
+                    f"{Path(os.path.abspath(ev.root)) / 'checkpoints' / later[-1]}")
+    else:
+        step = max(valid) if valid else None
+    if (step is None and found.status == "failed") or (step is not None and step not in valid):
+        return None   # a failure with no checkpoint to go on from is fixed first, not continued
+    out = continuation(ev.root, ev.config_path, ev.current or ev.launch or {}, valid.get(step))
+    if out is not None and note:
+        out["note"] = note + (f"; {out['note']}" if out["note"] else "")
+    return out
+
+
+# a save whose step directory is already there (solar.storage.checkpoints.begin/commit: a CheckpointError)
+COLLISION = re.compile(r"checkpoints/step_(\d{8}) already exists; checkpoints are never overwritten")
+
+
+def _collision(ev: Evidence, errors, message: str, step: int) -> Diagnosis:
+    """A save that found its step's checkpoint already committed: by an earlier launch, which this
+    launch (a resume from an older checkpoint) did not move aside."""
+    bad = _first_bad_rank(ev, errors, message)
+    r = ev.ranks.get(bad) if bad is not None else None
+    where = f"checkpoints/{step_name(step)}"
+    first = {"rank": bad, "step": step, "phase": _phase_of(r) if r else None, "checkpoint": where}
+    resumed, own = _resumed_step(ev.current), _own_checkpoints(ev)
+    earlier = [c["step"] for c in ev.checkpoints if c["step"] not in own and (resumed is None or c["step"] > resumed)]
+    summary = f"saving step {step} found {where} already there, committed by an earlier launch"
+    if resumed is not None and earlier:
+        summary += (f": this launch resumed from step {resumed} of a directory holding checkpoints after it "
+                    f"({', '.join(map(str, earlier))}) that were not moved aside (a rewind in place moves them "
+                    "under checkpoints/superseded/)")
+    details = [f"{where} is intact: a save never overwrites a checkpoint",
+               f"this launch committed: {', '.join(map(str, sorted(own))) or 'no checkpoint'}"]
+    evidence = _error_lines(ev, errors)
+    if r is not None:
+        evidence += [*_exception_lines(ev, r), _heartbeat_line(ev, r), *_log_lines(ev, r)]
+    return Diagnosis("failed", "checkpoint_collision", summary, {k: v for k, v in first.items() if v is not None},
+                     details, evidence)
+
+
+def _resumed_step(launch: dict | None) -> int | None:
+    """The step a full resume started from (its checkpoint's name), None for any other launch."""
+    init = (launch or {}).get("init") or {}
+    path = next((s.get("path") for s in init.get("sources") or [] if s.get("role") == "model"), None)
+    m = re.search(r"step_(\d{8})/?$", path or "") if init.get("mode") == "full_resume" else None
+    return int(m.group(1)) if m else None
+
+
+def _own_checkpoints(ev: Evidence) -> set[int]:
+    """The steps the latest launch committed (rank 0's ``checkpoint`` events since its ``start``)."""
+    r = ev.ranks.get(0)
+    return {e["step"] for _, e in (r.of("checkpoint") if r else []) if isinstance(e.get("step"), int)}
 
 
 def _clip(text: str, limit: int = 300) -> str:

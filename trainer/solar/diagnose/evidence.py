@@ -1,5 +1,7 @@
 """What a run directory holds as evidence (torch-free, read-only): the launch and result documents,
-each rank's events, heartbeat and log, checkpoint and validation transaction states.
+each rank's events, heartbeat and log, checkpoint and validation transaction states, every launch
+record (a rewind in place or a restart from step 0 is recorded in its launch's) and the checkpoints
+rewinds moved aside (``checkpoints/superseded/NNNN/``, never the run's).
 
 Events files are read from their tail (``TAIL_BYTES`` per rank), so diagnosing a long run with many
 ranks stays cheap; the completion report reads rank 0's events in full.
@@ -100,6 +102,9 @@ class Evidence:
     outputs: list[OutputState]
     now: float
     current: dict | None = None  # the latest launch's manifest (launches/NNNN-...; else ``launch``)
+    records: list[tuple[str, dict]] = field(default_factory=list)  # every launch's (record, manifest)
+    superseded: list[dict] = field(default_factory=list)           # ``superseded_checkpoints``
+    config_path: Path | None = None  # the latest launch's resolved config (``_latest_config``)
 
     def rel(self, path: Path) -> str:
         try:
@@ -199,21 +204,49 @@ def gather(run_dir: str | os.PathLike, *, now: float) -> Evidence:
                 first, lines = _tail_lines(path, 64 * 1024)
                 start = (first or 1) + max(len(lines) - LOG_TAIL_LINES, 0)
                 r.log_tail = list(enumerate(lines[-LOG_TAIL_LINES:], start=start))
-    current = _current_launch(root)
+    records = [(str(path.relative_to(root)), doc) for path in launch_records(root)
+               if (doc := _json(path)) is not None]
+    current = records[-1][1] if records else None
     _latest_launch_only(ranks, (current or {}).get("topology") or {})
     listed = ckpt.list_checkpoints(root)
     checkpoints = [c for c in listed if not Path(c["path"]).name.startswith(".")]
     partial = [Path(c["path"]).name for c in listed if Path(c["path"]).name.startswith(".")]
     return Evidence(root, launch, _json(root / "resolved-config.json"), _json(root / "run-result.json"), ranks,
-                    checkpoints, partial, _outputs(root), now, current)
+                    checkpoints, partial, _outputs(root), now, current, records, superseded_checkpoints(root),
+                    _latest_config(root))
 
 
-def _current_launch(root: Path) -> dict | None:
-    """The newest readable launch manifest (``solar.storage.run_dir.launch_records``), if any."""
-    for path in reversed(launch_records(root)):
-        doc = _json(path)
-        if doc is not None:
-            return doc
+def _latest_config(root: Path) -> Path | None:
+    """The latest launch's resolved config file (as ``solar.storage.run_dir.latest_config`` reads it)."""
+    later = sorted((root / "launches").glob("*-resolved-config.json"))
+    path = later[-1] if later else root / "resolved-config.json"
+    return path if path.is_file() else None
+
+
+SUPERSEDED = "superseded"
+_RECORD = re.compile(r"^\d{4}$")
+
+
+def superseded_checkpoints(run_dir: str | os.PathLike) -> list[dict]:
+    """The checkpoints rewinds moved aside, ``checkpoints/superseded/NNNN/step_N`` (NNNN: the rewinding
+    launch's record number), as {launch, step, path}, by launch and step. They are kept, never the
+    run's: ``solar checkpoint list`` and the newest-checkpoint rule read ``checkpoints/step_N`` only."""
+    root = Path(run_dir) / "checkpoints" / SUPERSEDED
+    try:
+        launches = sorted(p for p in root.iterdir() if _RECORD.match(p.name) and p.is_dir())
+    except OSError:
+        return []
+    return [{"launch": launch.name, "step": int(m.group(1)), "path": str(entry)}
+            for launch in launches for entry in sorted(launch.iterdir())
+            if (m := ckpt.STEP_DIR.match(entry.name)) and entry.is_dir()]
+
+
+def superseded_of(path: str | os.PathLike) -> tuple[Path, str] | None:
+    """(run directory, record number) when ``path`` is a checkpoint a rewind moved aside; else None."""
+    p = Path(path)
+    if ckpt.STEP_DIR.match(p.name) and _RECORD.match(p.parent.name) and p.parent.parent.name == SUPERSEDED \
+            and p.parent.parent.parent.name == "checkpoints":
+        return p.parent.parent.parent.parent, p.parent.name
     return None
 
 

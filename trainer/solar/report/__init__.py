@@ -2,9 +2,11 @@
 (``solar.report.v1``), text, and one self-contained HTML page (``html.py``: inline SVG plots and
 validation thumbnails as data URIs; the wording of values both pages share). Besides the numbers it
 lists every launch of the run directory (where each began on the step axis, how, what it changed
-and how its attempt ended) so that resumes are marked, the run's shape over time with the time each
-interruption cost (``shape.py``), and the Stage2 student's series beside the critic's. Torch-free;
-thumbnails need PyAV and Pillow (the trainer extra) and are left out, with a note, without them.
+and how its attempt ended) so that resumes, rewinds in place and restarts from step 0 are marked
+(each step's numbers are the latest launch's that did it, ``_lineage``), the run's shape over time
+with the time each interruption cost (``shape.py``), and the Stage2 student's series beside the
+critic's. Torch-free; thumbnails need PyAV and Pillow (the trainer extra) and are left out, with a
+note, without them.
 """
 
 from __future__ import annotations
@@ -22,7 +24,7 @@ from solar.errors import SolarError
 from solar.report import shape
 from solar.storage.run_dir import launch_records
 from solar.report.html import (code_text, environment_text, final_text, interruption_text,
-                               launch_text, lost_text, shape_text, weights_text)
+                               launch_text, lost_text, shape_text, superseded_text, weights_text)
 
 SCHEMA = "solar.report.v1"
 
@@ -51,13 +53,29 @@ def _events(root: Path) -> list[dict]:
     return [e for e in events if isinstance(e, dict)]
 
 
+def _lineage(events: list[dict]) -> list[dict]:
+    """The events of the run's own history: each launch (from its ``start``) takes the run back to
+    where it began (a rewind's or restart's step, else the step before its first), so what earlier
+    launches recorded past that point (steps done again, checkpoints and validations a rewind moved
+    aside) is dropped; every step's numbers are then the latest launch's that did it."""
+    first = next((i for i, e in enumerate(events) if e.get("event") == "start"), len(events))
+    out = list(events[:first])   # before any start: nobody's, kept as it was
+    for part in shape.segments(events):
+        back = shape.began_at(part)
+        if back is not None:
+            out = [e for e in out if not (isinstance(e.get("step"), int) and e["step"] > back
+                                          and e.get("event") in ("step", "checkpoint", "validation"))]
+        out += part
+    return out
+
+
 def _series(events: list[dict]) -> dict:
     """Rank 0's curves (step, loss, grad norm, lr, step time; Stage2: the student's too) and its
-    checkpoint/validation timeline."""
+    checkpoint/validation timeline, along the run's own history (``_lineage``)."""
     steps, checkpoints, validations = {}, [], []
-    for e in events:
+    for e in _lineage(events):
         if e.get("event") == "step" and isinstance(e.get("step"), int):
-            steps[e["step"]] = e  # a resumed run repeats no step, but keep the newest record of each
+            steps[e["step"]] = e
         elif e.get("event") == "checkpoint":
             checkpoints.append({"step": e.get("step"), "time": e.get("time"), "seconds": e.get("seconds"),
                                 "path": e.get("path")})
@@ -93,7 +111,8 @@ def _epoch(iso) -> float | None:
 def _launches(root: Path, events: list[dict], usage: dict | None) -> list[dict]:
     """Every launch of the run directory, oldest first: its record (launch-manifest.json, then
     launches/NNNN-launch-manifest.json), where it began on the step axis (rank 0's `start` events, in
-    the same order, and the steps after each), how it started (init mode and sources), what changed
+    the same order, and the steps after each), how it started (init mode and sources; a rewind in
+    place or a restart from step 0, ``_went_back``), what changed
     from the launch before (topology, recorded config changes) and how its attempt ended
     (run-result.json's usage, matched by time and world size: a launch killed outright records no
     attempt, and the next may have begun within the seconds the time match allows)."""
@@ -107,6 +126,8 @@ def _launches(root: Path, events: list[dict], usage: dict | None) -> list[dict]:
             continue
         part = parts[n] if n < len(parts) else []
         ran = [e["step"] for e in part if e.get("event") == "step" and isinstance(e.get("step"), int)]
+        rewind, restart = _went_back(manifest, part)
+        back = shape.rewound_to(part)
         started = part[0].get("time") if part else None
         topology = manifest.get("topology") or {}
         init = manifest.get("init") or {}
@@ -120,15 +141,29 @@ def _launches(root: Path, events: list[dict], usage: dict | None) -> list[dict]:
             "launch": n + 1, "record": str(record.relative_to(root)), "started": started,
             "init_mode": init.get("mode"), "init_sources": init.get("sources") or [],
             "first_step": ran[0] if ran else None, "last_step": ran[-1] if ran else None,
-            "at_step": ran[0] if ran else done + 1,  # where it begins on the step axis
+            "at_step": ran[0] if ran else (back if back is not None else done) + 1,  # where it begins on the step axis
+            "rewind": rewind, "restart": restart,
             "topology": topology,
             "topology_changes": {k: [previous[k], v] for k, v in topology.items()
                                  if previous is not None and k in previous and previous[k] != v},
             "config_changes": manifest.get("changes") or [],
             "attempt": {k: attempt.get(k) for k in ("status", "wall_seconds", "world_size", "device")}
             if attempt else None})
-        previous, done = topology, max([done, *ran])
+        previous, done = topology, max([done if back is None else back, *ran])
     return out
+
+
+def _went_back(manifest: dict, part: list[dict]) -> tuple[dict | None, dict | None]:
+    """A launch's rewind in place and restart from step 0: its launch record's ``rewind`` /
+    ``restart``, else (a record without them) what rank 0's ``rewound`` / ``restarted`` event says."""
+    rewind, restart = manifest.get("rewind"), manifest.get("restart")
+    event = next((e for e in part if e.get("event") in ("rewound", "restarted")), None)
+    fields = {k: v for k, v in (event or {}).items() if k not in ("event", "time", "rank")}
+    if not isinstance(rewind, dict) and event is not None and event["event"] == "rewound":
+        rewind = fields
+    if not isinstance(restart, dict) and event is not None and event["event"] == "restarted":
+        restart = fields
+    return (rewind if isinstance(rewind, dict) else None), (restart if isinstance(restart, dict) else None)
 
 
 def _outputs(ev) -> list[dict]:
@@ -200,6 +235,8 @@ def build(run_dir: str | os.PathLike) -> dict:
         "checkpoints": [{"step": c["step"], "path": c["path"], "complete": c["complete"], "valid": c["valid"]}
                         for c in ev.checkpoints],
         "partial_checkpoints": ev.partial_checkpoints,
+        "superseded_checkpoints": [{"launch": c["launch"], "step": c["step"], "path": c["path"]}
+                                   for c in ev.superseded],
         "outputs": outputs,
         "series": series,
         "launches": launches,
@@ -254,7 +291,8 @@ def render_text(report: dict) -> str:
     if report["checkpoints"] or report["partial_checkpoints"] or report["action"] != "infer":
         lines.append(f"  checkpoints: {len(valid)} verified of {len(report['checkpoints'])}"
                      + (f" (newest step {valid[-1]['step']})" if valid else "")
-                     + (f"; {len(report['partial_checkpoints'])} partial" if report["partial_checkpoints"] else ""))
+                     + (f"; {len(report['partial_checkpoints'])} partial" if report["partial_checkpoints"] else "")
+                     + (f"; {superseded_text(report)}" if report["superseded_checkpoints"] else ""))
     for out in report["outputs"]:
         parts = ", ".join(f"{p['pass']} {p['ok_slots']} ok/{len(p['error_slots'])} error/"
                           f"{p['compare_videos']} compare" + ("" if p["complete"] else " (incomplete)")
@@ -262,6 +300,8 @@ def render_text(report: dict) -> str:
         lines.append(f"  {out['where']}: {'complete' if out['complete'] else 'INCOMPLETE'} — {parts}")
     d = report["diagnosis"]
     lines.append(f"  diagnosis: {d['status']} ({d['kind']}): {d['summary']}")
+    if d.get("next"):
+        lines.append(f"  continue it: {d['next']['command']}")
     lines += [f"  not verified: {n}" for n in report["not_verified"]]
     return "\n".join(lines)
 

@@ -103,6 +103,10 @@ def launch_text(launch: dict) -> str:
     how = {None: "init not recorded", "none": "fresh start"}.get(launch["init_mode"], f"init {launch['init_mode']}")
     if launch["init_mode"] == "full_resume":
         how = f"resume from {Path((launch['init_sources'] or [{}])[0].get('path') or '').name or 'a checkpoint'}"
+    if launch.get("rewind"):
+        how += f", {rewind_text(launch['rewind'])}"
+    if launch.get("restart"):
+        how = restart_text(launch["restart"])
     changes = [f"{k} {a} -> {b}" for k, (a, b) in launch["topology_changes"].items()]
     config = [f"{c.get('key')} {c.get('old')} -> {c.get('new')}" for c in launch["config_changes"]]
     attempt = launch["attempt"] or {}
@@ -112,6 +116,28 @@ def launch_text(launch: dict) -> str:
              else f"no step recorded (would have begun at step {launch['at_step']})")
     return (f"{how}, {steps}" + (f"; topology {', '.join(changes)}" if changes else "")
             + (f"; config {', '.join(config)}" if config else "") + (f"; {ended}" if ended else ""))
+
+
+def rewind_text(rewind: dict) -> str:
+    """A rewind in place: the step it went back to and the checkpoints it moved aside."""
+    names = ", ".join(rewind.get("superseded") or []) or "no checkpoint"
+    kept = f", kept under {rewind['superseded_dir']}/" if rewind.get("superseded_dir") else ""
+    return f"rewound to step {rewind.get('step')} ({names} superseded{kept})"
+
+
+def restart_text(restart: dict) -> str:
+    """A restart from step 0 of a directory with no committed checkpoint, its earlier launches kept."""
+    k = restart.get("earlier_launches")
+    moved = (f"; {len(restart.get('moved') or [])} path(s) moved under {restart['superseded_dir']}/"
+             if restart.get("superseded_dir") else "")
+    return (f"restart from step 0 (no committed checkpoint; its {k} earlier launch{'' if k == 1 else 'es'} kept as "
+            f"history{moved})")
+
+
+def superseded_text(report: dict) -> str:
+    """The checkpoints rewinds moved aside: how many, and where."""
+    n = len(report["superseded_checkpoints"])
+    return f"{n} superseded under checkpoints/superseded/"
 
 
 def _seconds(value) -> str:
@@ -143,7 +169,9 @@ def interruption_text(g: dict) -> str:
     """An interruption (``shape.interruptions``): how the launch before it ended, where, what was
     repeated and how long until a later launch trained past the newest checkpoint."""
     where = (f"after step {g['last_step']}" if g.get("last_step") is not None else "before its first step") \
-        + (f" (checkpoint {g['durable_step']})" if g["durable_step"] else " (no checkpoint)")
+        + (f" (rewound to step {g['rewound_to']} by launch {g['resumed_by']})" if g.get("rewound_to") is not None
+           and g["resumed_by"] is not None else f" (checkpoint {g['durable_step']})" if g["durable_step"]
+           else " (no checkpoint)")
     redone = g["steps_redone"]
     parts = [f"{end_text(g['previous_end'], g['error_type'])} {where}",
              f"{redone} step{'s' if redone != 1 else ''} redone" if redone else "no step redone"]
@@ -237,6 +265,10 @@ def _launch_markers(launches: list[dict]) -> list[dict]:
     out = []
     for launch in launches[1:]:
         tag = "resume" if launch["init_mode"] == "full_resume" else "relaunch"
+        if launch.get("rewind"):
+            tag = f"rewind to step {launch['rewind'].get('step')}"
+        if launch.get("restart"):
+            tag = "restart"
         if launch["topology_changes"]:
             tag += ", topology"
         out.append({"x": launch["at_step"] - 0.5, "launch": launch["launch"], "step": launch["at_step"],
@@ -583,7 +615,9 @@ def _rows(report: dict) -> list[tuple[str, str]]:
     rows.append(("final", final_text(report)))
     if report["checkpoints"] or report["partial_checkpoints"] or report["action"] != "infer":
         rows.append(("checkpoints", f"{sum(c['valid'] for c in report['checkpoints'])} verified of "
-                                    f"{len(report['checkpoints'])}; partial: {len(report['partial_checkpoints'])}"))
+                                    f"{len(report['checkpoints'])}; partial: {len(report['partial_checkpoints'])}"
+                                    + (f"; {superseded_text(report)}" if report.get("superseded_checkpoints")
+                                       else "")))
     if len(launches) > 1:
         rows.append(("launches", f"{len(launches)} (see the launch table)"))
     rows.append(("GPU time", _usage(report.get("usage"))))
@@ -631,7 +665,8 @@ def page(report: dict) -> str:
     plots = _plots(report)
     line = timeline(s["checkpoints"], s["validations"], report["launches"], s["step"][-1] if s["step"] else None)
     diag = (f'<p class="status-{_esc(d["status"])}"><b>{_esc(d["status"])}</b> ({_esc(d["kind"])}): '
-            f'{_esc(d["summary"])}</p>' + "".join(f"<p>{_esc(x)}</p>" for x in d["details"]))
+            f'{_esc(d["summary"])}</p>' + "".join(f"<p>{_esc(x)}</p>" for x in d["details"])
+            + (f'<p>continue it: <code class="next">{_esc(d["next"]["command"])}</code></p>' if d.get("next") else ""))
     notes = "".join(f"<li>{_esc(n)}</li>" for n in report["not_verified"])
     outputs = "Generation" if report["action"] == "infer" else "Validation"
     return (f"<!DOCTYPE html><html lang=\"en\"><head><meta charset=\"utf-8\"><title>Solar report: "

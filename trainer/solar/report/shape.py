@@ -25,8 +25,12 @@ cost includes the restart, the checkpoint load and the steps done again. Steps t
 ran past its newest checkpoint are repeated by the next (``steps_redone``). A launch that ends
 before getting past the durable point (it failed or was killed again) belongs to the same
 interruption (``through``), which is not counted twice; one that the records never see recover is
-``recovered_at: None`` and left out of ``lost_seconds``. The operator's ``disruptionSeconds`` ends
-at the next committed checkpoint instead (``solar.run.machine``); this is the trainer's own view.
+``recovered_at: None`` and left out of ``lost_seconds``. A launch that rewound the run in place (its
+``rewound`` event: the checkpoints past its step were moved aside) or started it over (``restarted``:
+step 0) went back on purpose: the durable point after it starts from that step, and an interruption
+it ends counts until its first step past that step (``rewound_to``). The operator's
+``disruptionSeconds`` ends at the next committed checkpoint instead (``solar.run.machine``); this is
+the trainer's own view.
 
 Pure functions of the records but for ``saved_with``, which reads one small file per launch.
 """
@@ -59,6 +63,28 @@ def segments(events: list[dict]) -> list[list[dict]]:
 
 def _steps(segment: list[dict]) -> list[tuple[int, float | None]]:
     return [(e["step"], _time(e)) for e in segment if e.get("event") == "step" and isinstance(e.get("step"), int)]
+
+
+def rewound_to(segment: list[dict] | None) -> int | None:
+    """The step a launch took the run back to on purpose: its ``rewound`` event's (a full resume from
+    an older checkpoint, in place: the later checkpoints moved aside), 0 for a restart from step 0
+    (``restarted``); None for any other launch."""
+    for e in segment or []:
+        if e.get("event") == "rewound" and isinstance(e.get("step"), int):
+            return e["step"]
+        if e.get("event") == "restarted":
+            return 0
+    return None
+
+
+def began_at(segment: list[dict] | None) -> int | None:
+    """The step a launch went on from: where it rewound to, else the step before its first step;
+    None for a launch that recorded neither."""
+    back = rewound_to(segment)
+    if back is not None:
+        return back
+    steps = _steps(segment or [])
+    return steps[0][0] - 1 if steps else None
 
 
 def _checkpoints(segment: list[dict]) -> list[int]:
@@ -127,12 +153,16 @@ def interruptions(shapes: list[dict], parts: list[list[dict] | None]) -> list[di
     seconds in between, and the launches that ended again before getting there (``through``).
     ``parts[i]`` is ``shapes[i]``'s rank-0 events."""
     out, durable, i = [], [], 0
-    for shape in shapes:
-        durable.append(max([*(durable[-1:] or [0]), *shape["checkpoints"]]))  # newest committed by its end
+    for shape, part in zip(shapes, parts):   # newest committed by its end (a rewind sets the ones past it aside)
+        back = rewound_to(part)
+        durable.append(max([*((durable[-1:] or [0]) if back is None else [back]), *shape["checkpoints"]]))
     while i < len(shapes) - 1:
-        prev, past = shapes[i], durable[i]
+        prev, past, rewound = shapes[i], durable[i], None
         j, recovered = i + 1, None
         while j < len(shapes):
+            back = rewound_to(parts[j])
+            if back is not None and back < past:   # a later launch went back on purpose: training resumes past it
+                past = rewound = back
             recovered = next(((s, t) for s, t in _steps(parts[j] or []) if s > past and t is not None), None)
             if recovered is not None:
                 break
@@ -145,7 +175,8 @@ def interruptions(shapes: list[dict], parts: list[list[dict] | None]) -> list[di
                     "through": [s["launch"] for s in shapes[i + 1:j]],
                     "resumed_by": shapes[j]["launch"] if recovered else None,
                     "recovered_step": recovered[0] if recovered else None, "recovered_at": at,
-                    "seconds": round(at - began, 3) if at is not None and began is not None else None})
+                    "seconds": round(at - began, 3) if at is not None and began is not None else None,
+                    "rewound_to": rewound})
         if recovered is None:
             break
         i = j
@@ -172,5 +203,5 @@ def build(root: Path, events: list[dict], launches: list[dict], *, running: bool
             "lost_by_end": by_end}
 
 
-__all__ = ["build", "ending", "interruptions", "launch_shape", "saved_with", "segments",
-           "world_size"]
+__all__ = ["began_at", "build", "ending", "interruptions", "launch_shape", "rewound_to", "saved_with",
+           "segments", "world_size"]
