@@ -27,6 +27,7 @@ def _with(**edits):
 
 @pytest.mark.parametrize("key, kind", [
     ("distributed.world_size", "execution"), ("runtime.save_every", "execution"), ("runtime.compile", "execution"),
+    ("runtime.save_every_seconds", "execution"),
     ("checkpoint.path", "execution"), ("train.micro_batch_size", "execution"), ("data.root", "execution"),
     ("train.max_steps", "schedule"), ("train.optimizer.warmup_steps", "schedule"),
     ("train.sgf.critic_optimizer.min_lr_ratio", "schedule"),

@@ -119,7 +119,7 @@ def check_applicability(cfg: RunConfig, route: Route) -> None:
                 _reject(f"train.{name}",
                         "a training setting that an inference run does not read (the inference "
                         f"sample count is {spec.infer_sample_count_field})")
-        for name in ("save_every", "save_steps", "exit_after_step"):
+        for name in ("save_every", "save_every_seconds", "save_steps", "exit_after_step"):
             if getattr(run, name):
                 _reject(f"runtime.{name}", "inference runs save no checkpoints")
         if cfg.checkpoint.roles is not None:

@@ -310,6 +310,10 @@ class InferenceBlock(Block):
 class RuntimeBlock(Block):
     output_dir: str = Field(description="Run directory (new or empty unless resuming).")
     save_every: NonNegInt = Field(0, description="Save every N optimizer steps (0: never).")
+    save_every_seconds: Annotated[float, Field(ge=0)] = Field(
+        0.0, description="Also save once this many seconds of training have passed on rank 0's clock since the "
+                         "launch's first step or the last save (every rank saves at the same step; combinable with "
+                         "save_every; 0: off). docs/resume.md sizes it from a save's cost and the failure rate.")
     validate_every: NonNegInt = Field(0, description="Validate every N optimizer steps (0: never).")
     save_steps: list[PosInt] = Field(default_factory=list, description="Extra save steps.")
     validation_steps: list[PosInt] = Field(default_factory=list, description="Extra validation steps.")

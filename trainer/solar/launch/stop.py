@@ -57,14 +57,22 @@ class Stop:
     def agree(self, dist, name: str = "stop-check") -> bool:
         """Whether any rank asks to stop, in one collective like ``Dist.any_flag``; every rank learns
         the same signal (SIGTERM over SIGINT when ranks received different ones: an eviction wins)."""
-        mine = (self.signum or signal.SIGTERM) if self.requested else 0
+        return self.agree_with(dist, 0.0, name)[0]
+
+    def agree_with(self, dist, value: float, name: str = "stop-check") -> tuple[bool, float]:
+        """``agree``, and in the same collective the largest ``value`` (>= 0) any rank passes: a number
+        one rank alone knows and every rank learns without another collective (training: rank 0's
+        ``SaveClock`` reading, the others passing 0)."""
+        mine, shared = (self.signum or signal.SIGTERM) if self.requested else 0, float(value)
         if dist.initialized:
-            t = torch.tensor([float(mine)], device=dist.device if dist.backend == "nccl" else "cpu")
+            t = torch.tensor([float(mine), shared], dtype=torch.float64,
+                             device=dist.device if dist.backend == "nccl" else "cpu")
             dist.all_reduce(t, name, op=torch.distributed.ReduceOp.MAX)
-            mine = int(t.item())
+            signum, shared = t.tolist()
+            mine = int(signum)
         if mine:
             self.agreed = mine
-        return bool(mine)
+        return bool(mine), shared
 
     def exit_code(self) -> int:
         """The process's exit status after a stop: 130 for SIGINT, 0 otherwise."""

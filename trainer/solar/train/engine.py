@@ -1,7 +1,8 @@
 """The training loop (semantics.md §7 step order):
 
     zero grad -> micro-batches (SP identity check) -> gradient sync + clip -> refuse non-finite
-    -> optimizer -> schedule -> EMA -> event -> save -> stop?
+    -> optimizer -> schedule -> EMA -> event -> save (steps) -> validate -> stop check
+    (any rank's signal and rank 0's ``SaveClock`` reading in one collective) -> save by time? -> stop?
 
 Failures local to a rank are exchanged at fixed points (before a micro-batch's forward, before the
 gradient sync) so every rank ends with the same ordered message instead of hanging.
@@ -35,6 +36,7 @@ from solar.train.faults import Fault
 from solar.train.gradients import sync_and_clip
 from solar.train.metrics import observe_step
 from solar.train.profiling import StepProfiler, phase
+from solar.train.save_clock import SaveClock
 from solar.train.schedule import lr_at
 from solar.train.setup import Parts, contract_of
 
@@ -83,6 +85,8 @@ class Loop:
     stage2: object = None     # solar.train.stage2.Stage2: its outer step and role checkpoints
     pending_save: object = None  # checkpoint_save.BackgroundWrite in flight (runtime.async_checkpoint)
     staging: object = None       # checkpoint_save.Staging: host buffers reused by background saves
+    save_clock: SaveClock | None = None   # runtime.save_every_seconds on rank 0's clock (run())
+    save_notes: dict = field(default_factory=dict)  # step -> fields its checkpoint event adds (why it saved)
     term: str = "fm"
 
     # --- one step ---------------------------------------------------------------------------
@@ -250,10 +254,18 @@ class Loop:
         return latent_frames(cfg) * (cfg.data.height // s // dims.patch_size[1]) * (cfg.data.width // s // dims.patch_size[2])
 
     # --- saving -----------------------------------------------------------------------------
-    def save(self, step: int) -> Path | None:
+    def save(self, step: int, **note) -> Path | None:
         """Checkpoint ``step``: capture the state, write it, commit. With ``runtime.async_checkpoint``
         the write runs in the background and the commit follows at a later step (``poll_save``), at
-        the next save or when the loop ends (``finish_save``); returns None then."""
+        the next save or when the loop ends (``finish_save``); returns None then. ``note``: fields the
+        checkpoint event adds (a save by time says so). The save clock counts again from its return."""
+        self.save_notes[step] = note
+        path = self._save(step)
+        if self.save_clock is not None:
+            self.save_clock.restart()
+        return path
+
+    def _save(self, step: int) -> Path | None:
         from solar.train import checkpoint_save as cs
 
         d, p = self.dist, self.parts
@@ -347,7 +359,8 @@ class Loop:
         final = Path(d.all_gather_object(str(final), "checkpoint-commit")[0])
         seconds = time.perf_counter() - started
         timing = {"seconds": seconds} if blocking is None else {"seconds": seconds, "blocking_seconds": blocking}
-        self.events.write("checkpoint", durable=True, step=step, path=str(final), **timing)
+        self.events.write("checkpoint", durable=True, step=step, path=str(final), **timing,
+                          **self.save_notes.pop(step, {}))
         self.checkpoints.append({"step": step, "path": str(final)})
         if self.metrics is not None:
             self.metrics.save_seconds.observe(seconds if blocking is None else blocking)
@@ -467,10 +480,15 @@ class Loop:
         if start == max_steps and d.rank == 0:  # killed after its last checkpoint: nothing left to train
             sys.stderr.write(f"solar: checkpoint step {start} is train.max_steps; nothing left to train\n")
         profiler = StepProfiler(self.out, cfg.runtime.profile_steps, d.rank, d.device)
+        slow = faults.slow_step_seconds()  # a drill (SOLAR_SLOW_STEP_SECONDS): time passes at a known pace
+        self.save_clock = SaveClock(cfg.runtime.save_every_seconds, reader=d.rank == 0)
+        self.save_clock.restart()
         for step in range(start + 1, max_steps + 1):
             prof = profiler.start(step)
             event = self.step(step)
             profiler.finish(prof, step, event["step_seconds"])
+            if slow:
+                time.sleep(slow)
             progress.show(event)
             saved = False
             self.poll_save()
@@ -482,7 +500,13 @@ class Loop:
             if step == exit_after and step < max_steps:
                 self.finish_save()
                 return "stopped"
-            if self.stop.agree(d, "stop-check"):
+            # One collective: any rank's stop signal, and rank 0's seconds since the last save, so a
+            # save by time lands at the same step on every rank.
+            stop, since = self.stop.agree_with(d, self.save_clock.reading(), "stop-check")
+            if not saved and self.save_clock.due(since):
+                self.save(step, trigger="time", since_save_seconds=round(since, 3))
+                saved = True
+            if stop:
                 if cfg.runtime.checkpoint_on_stop and not saved:
                     self.save(step)
                 self.finish_save()

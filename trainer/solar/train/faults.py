@@ -19,6 +19,10 @@ classifies:
 ``activation_checkpointing_skip_blocks: auto`` take its GPU branch on the CPU, each rank reporting
 that much device memory: the gather of every rank's memory and the choice by the smallest run as on
 GPUs (the model itself stays where it is).
+
+``SOLAR_SLOW_STEP_SECONDS=S`` (also only with ``SOLAR_ALLOW_FAULTS=1``) makes every training step of
+the rank at least S seconds longer (a sleep after the step), so that time passes at a known pace:
+the drill of ``runtime.save_every_seconds``.
 """
 
 from __future__ import annotations
@@ -80,3 +84,9 @@ def device_memory(rank: int, environ=os.environ) -> int | None:
         return None
     sizes = [int(v) for v in text.split(",")]
     return sizes[rank % len(sizes)]
+
+
+def slow_step_seconds(environ=os.environ) -> float:
+    """The seconds ``SOLAR_SLOW_STEP_SECONDS`` adds to each step (0 without the drill)."""
+    text = _drill("SOLAR_SLOW_STEP_SECONDS", environ)
+    return float(text) if text is not None else 0.0
