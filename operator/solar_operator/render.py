@@ -54,7 +54,7 @@ def render(doc: dict, *, default_backend: str, repo: Path, storage_root: Path | 
         if storage_root is not None:
             files = observe_stage(storage_root / spec.storage.path / p.name, final_step=p.final_step,
                                   validation_step=p.validation_step, generation=p.generation)
-        start = resume.planned_start(p, files)
+        start = resume.planned_start(p, files, run.status)
         reshaped = resume.planned_reshape(p, files, run.status) if storage_root is not None else None
         if reshaped is not None and reshapes is not None:
             reshapes[p.name] = reshaped

@@ -244,15 +244,26 @@ def test_a_retry_passing_over_a_corrupt_newer_checkpoint_says_so():
     assert warning[0] == "Warning" and bad in warning[2] and "step_00000002" in warning[2]
 
 
-def test_a_retry_waits_for_the_old_job_to_go_and_refuses_a_used_directory_without_checkpoint():
-    sim = Sim()
+def test_a_retry_waits_for_the_old_job_to_go_and_starts_a_stage_that_committed_nothing_over():
+    """Issue 52 item 2: a used directory without a committed checkpoint is started over (from the stage's
+    initialisation, its earlier launches kept as history), the restart counted as an attempt; never
+    NothingToResume."""
+    sim = Sim(_spec(backoffLimit=1))
     sim.step()
-    sim.jobs["fm"] = JobState("tiny-wan-fm-1", "Failed", deleting=True)
+    sim.jobs["fm"] = JobState("tiny-wan-fm-1", "Failed", "exit code 1", deleting=True)
     assert not sim.step().actions
     sim.jobs.pop("fm")
-    sim.files["fm"] = StageFiles(exists=True, launched=True, result="failed")
-    sim.step()
-    assert sim.status.phase == "Failed" and sim.condition("Failed").reason == "NothingToResume"
+    sim.files["fm"] = StageFiles(exists=True, launched=True, result="failed", launches=1)
+    d = sim.step()
+    assert [(a.kind, a.stage, a.attempt, a.resume_from) for a in d.actions] == [("create_job", "fm", 2, None)]
+    assert sim.status.phase == "Running" and sim.status.stage("fm").attempt == 2
+    restarted = [e for e in d.events if e[1] == "StageRestarted"]
+    assert len(restarted) == 1 and "StageStarted" not in [e[1] for e in d.events]
+    assert "starts over from step 0" in restarted[0][2] and "/runs/tiny-wan/fm holds no committed checkpoint" in \
+        restarted[0][2] and "1 earlier launch" in restarted[0][2] and "tiny-wan-fm-2" in restarted[0][2]
+    assert sim.condition("Progressing").reason == "StageRestarted"
+    assert sim.status.stage("fm").attempts[-1].resumedFrom is None
+    assert "NothingToResume" not in [e[1] for e in sim.events]
 
 
 def test_progress_deadline_fails_a_silent_stage_and_deletes_its_job():

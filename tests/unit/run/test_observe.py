@@ -134,3 +134,20 @@ def test_the_newest_step_record_of_rank_0_is_read_from_the_end_of_its_event_log(
     assert observe_stage(run, final_step=4, validation_step=None, generation=False).last_step == (59, 1059.0)
     log.write_text(json.dumps({"event": "validation", "step": 1, "time": 5.0}) + "\n")
     assert observe_stage(run, final_step=4, validation_step=None, generation=False).last_step is None
+
+
+def test_launch_records_are_counted_and_their_rewinds_read(tmp_path):
+    """Issue 52: how many launches a stage directory records, and the steps those that rewound it rewound
+    to (``rewind`` in launches/NNNN-launch-manifest.json); a record that does not read rewound nothing."""
+    run = tmp_path / "fm"
+    _checkpoint(run, 2)
+    (run / "launch-manifest.json").write_text(json.dumps({"schema": "solar.launch.v1"}))
+    (run / "launches").mkdir()
+    (run / "launches" / "0001-launch-manifest.json").write_text(json.dumps({"restart": {"earlier_launches": 1}}))
+    (run / "launches" / "0002-launch-manifest.json").write_text(json.dumps({"rewind": {
+        "checkpoint": f"{run}/checkpoints/step_00000002", "step": 2, "superseded": ["step_00000004"],
+        "superseded_dir": "checkpoints/superseded/0002"}}))
+    (run / "launches" / "0003-launch-manifest.json").write_text('{"rewind": ')
+    files = observe_stage(run, final_step=4, validation_step=None, generation=False)
+    assert (files.launches, files.rewinds, files.latest) == (4, (2,), 2)
+    assert observe_stage(tmp_path / "none", final_step=4, validation_step=None, generation=False).launches == 0

@@ -69,7 +69,18 @@ def test_the_tiny_manifest_plans_four_wired_stages():
                                    "init": {"model": {"stage": "generate", "weights": "ema"}}}), "InvalidInit",
      "is an inference stage"),
     (lambda s: s["stages"][0]["set"].append("runtime.output_dir=/elsewhere"), "InvalidSpec", "is set by the run"),
-    (lambda s: s["stages"][0]["set"].append("checkpoint.mode=none"), "InvalidSpec", "checkpoint.mode is set by the run"),
+    (lambda s: s["stages"][0]["set"].append("checkpoint.mode=none"), "InvalidSpec",
+     "gives checkpoint.mode and checkpoint.path only together"),
+    (lambda s: s["stages"][0]["set"].append("checkpoint.weights=ema"), "InvalidSpec",
+     "checkpoint.weights is set by the run"),
+    (lambda s: s["stages"][0]["set"].extend(["checkpoint.mode=full_resume",
+                                            "checkpoint.path=/runs/tiny-wan/anyflow/checkpoints/step_00000002"]),
+     "InvalidSpec", "a stage rewinds only to a checkpoint of its own directory, /runs/tiny-wan/fm/checkpoints/step_"),
+    (lambda s: s["stages"][0]["set"].extend(["checkpoint.mode=full_resume", "checkpoint.path=/runs/tiny-wan/fm/x"]),
+     "InvalidSpec", "a stage rewinds only to a checkpoint of its own directory"),
+    (lambda s: s["stages"][3]["set"].extend(["checkpoint.mode=full_resume",
+                                            "checkpoint.path=/runs/tiny-wan/generate/checkpoints/step_00000002"]),
+     "InvalidSpec", "only a training stage rewinds"),
     (lambda s: s["stages"][1].update(name="fm"), "InvalidSpec", "appears twice"),
     (lambda s: s.update(family="minimax_h3"), "InvalidSpec", "spec.family is minimax_h3"),
     (lambda s: s["stages"][0].update(config="configs/nope.yaml"), "InvalidSpec", "does not exist"),
@@ -78,6 +89,29 @@ def test_bad_runs_are_refused_with_a_reason(edit, reason, fragment):
     err = _invalid(edit)
     assert err.reason == reason, err.message
     assert fragment in err.message
+
+
+def test_a_stage_set_may_rewind_the_stage_to_its_own_checkpoint_and_list_accepted_changes():
+    """Issue 52 item 3: checkpoint.mode=full_resume with checkpoint.path at one of the stage's own checkpoints
+    (as the pods see it) is the stage's rewind, not part of its sets; checkpoint.accept_changes reaches every
+    attempt, a resume's included."""
+    def edit(spec):
+        spec["stages"][1]["set"] += ["checkpoint.mode=full_resume",
+                                     "checkpoint.path=/runs/tiny-wan/anyflow/checkpoints/step_00000002/",
+                                     "checkpoint.accept_changes=[train.optimizer.lr]", "train.optimizer.lr=0.002"]
+    plan = plan_run(_spec(edit), "/runs/tiny-wan", repo=REPO, environ={})
+    anyflow = plan.stage("anyflow")
+    assert anyflow.rewind == 2 and plan.stage("fm").rewind is None
+    assert not [s for s in anyflow.sets if s.startswith(("checkpoint.mode=full", "checkpoint.path=/runs/tiny-wan/any"))]
+    assert "checkpoint.mode=weights_only" in anyflow.sets    # a fresh start keeps its init wiring
+    assert anyflow.resolved["checkpoint"]["accept_changes"] == ["train.optimizer.lr"]
+    args = anyflow.arguments("/runs/tiny-wan/anyflow/checkpoints/step_00000002")
+    assert args[-4:] == ["--set", "checkpoint.mode=full_resume", "--set",
+                         "checkpoint.path=/runs/tiny-wan/anyflow/checkpoints/step_00000002"]
+    assert [a for a in args if a.startswith("checkpoint.")] == [
+        "checkpoint.accept_changes=[train.optimizer.lr]", "checkpoint.mode=full_resume",
+        "checkpoint.path=/runs/tiny-wan/anyflow/checkpoints/step_00000002"]
+    assert "checkpoint.weights=ema" not in args
 
 
 def test_h3_sequence_parallel_rule_is_a_topology_mismatch():

@@ -4,7 +4,10 @@ The same validation, planner and state machine as the operator; each stage is a 
 ``torchrun --standalone`` process group (``python -m solar.launch.torchrun``: one that exits as its ranks did) instead of a PyTorchJob. The run lives in
 ``<workdir>/<metadata.name>/``: one directory per stage, ``logs/<stage>-<attempt>.log`` and
 ``status.json`` (the resource's ``status``), replaced atomically after every transition. Each launch
-carries its attempt number as its fencing token (``SOLAR_ATTEMPT``, ``solar.storage.fence``). Running
+carries its attempt number as its fencing token (``SOLAR_ATTEMPT``, ``solar.storage.fence``) and, as an
+operator's pod does, the run and stage it belongs to (``SOLAR_RUN_UID``: ``local_uid``, the run's
+directory; ``SOLAR_RUN_STAGE``), so a stage that committed no checkpoint starts over with the manifest
+as it is now (the trainer takes any change of a SolarRun stage's config then). Running
 the same command again continues an unfinished run (a training stage resumes from its newest
 verified checkpoint) with the manifest as it is now: an edit that a full resume allows (a longer
 ``train.max_steps``, execution keys, recipe keys listed in ``checkpoint.accept_changes``) applies,
@@ -225,7 +228,7 @@ def dry_run(path: str, *, workdir: str = "solar-runs", nproc: int | None = None,
         files = observe_stage(p.stage_dir, final_step=p.final_step, validation_step=p.validation_step,
                               generation=p.generation)
         try:
-            start = resume.planned_start(p, files)
+            start = resume.planned_start(p, files, previous)
             reshaped = resume.planned_reshape(p, files, previous)
         except RunInvalid as exc:
             raise SolarError(f"{path}: {exc.message} ({exc.reason})") from None
@@ -241,7 +244,7 @@ def dry_run(path: str, *, workdir: str = "solar-runs", nproc: int | None = None,
             doc["elastic"] = [{"nodes": e.nodes, "gradientAccumulation": e.accumulation} for e in p.elastic]
         done = previous is not None and previous.stage(p.name) is not None and \
             previous.stage(p.name).phase == "Succeeded"
-        problem = None if done or not start.resume_from else recipe_problem(p, files)
+        problem = None if done or not start.resume_from else recipe_problem(p, files, _rewound(previous, p.name))
         if problem:
             raise SolarError(f"{path}: stage {p.name}: {problem} (RecipeChanged); edit the stage's set: in the "
                              "manifest")
@@ -311,10 +314,22 @@ def _refuse_reshape(path: str, plan: RunPlan, previous: SolarRunStatus | None) -
         resume.planned_reshape(current, files, previous)
     except RunInvalid as exc:
         raise SolarError(f"{path}: {exc.message} ({exc.reason}); --nproc sets gpusPerNode") from None
-    problem = recipe_problem(current, files)
+    problem = recipe_problem(current, files, _rewound(previous, current.name))
     if problem:
         raise SolarError(f"{path}: stage {current.name}: {problem} (RecipeChanged); edit the stage's set: in the "
                          "manifest")
+
+
+def _rewound(previous: SolarRunStatus | None, stage: str) -> int | None:
+    """The step the run's status records the stage's set rewind settled at (StageStatus.rewoundTo)."""
+    st = previous.stage(stage) if previous is not None else None
+    return st.rewoundTo if st is not None else None
+
+
+def local_uid(root: Path) -> str:
+    """The run's identity in its stages' ``SOLAR_RUN_UID`` (``run_dir.owner``: run-result.json's owner, the
+    fence's): the run's directory, which is what a local run is."""
+    return f"solar-run:{root}"
 
 
 def local_env(spec, echo) -> dict[str, str]:
@@ -348,10 +363,13 @@ def _loop(spec, name: str, plan: RunPlan, status, jobs, status_path: Path, root:
                 jobs.pop(action.stage).stop()
             elif action.kind == "create_job":
                 p = plan.stage(action.stage)
-                # the attempt is the launch's fencing token (solar.storage.fence), as in the operator's pods
+                # the attempt is the launch's fencing token (solar.storage.fence), and the run and stage its
+                # owner, as in the operator's pods
                 jobs[action.stage] = LocalJob(action.job, action.stage, _argv(p, action.resume_from),
                                               root / "logs" / f"{action.stage}-{action.attempt}.log", echo,
-                                              {**(env or {}), ATTEMPT_ENV: str(action.attempt)}, p.stage_dir)
+                                              {**(env or {}), ATTEMPT_ENV: str(action.attempt),
+                                               "SOLAR_RUN_UID": local_uid(root), "SOLAR_RUN_STAGE": action.stage},
+                                              p.stage_dir)
         for kind, reason, message in decision.events:
             echo(f"solar run: {reason}: {message}")
         changed = status is None or decision.status != status

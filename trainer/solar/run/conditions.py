@@ -63,8 +63,19 @@ STAGE_DISRUPTED = Reason("StageDisrupted", "stage {stage} attempt {attempt}: {wh
 STAGE_STOPPED = Reason("StageStopped", "stage {stage} attempt {attempt} was stopped by a signal and saved at step "
                                        "{step} (its job reads {phase}: an eviction, a drain or a preemption sends "
                                        "SIGTERM); the next attempt resumes from it (not counted as a failure)")
+STAGE_RESTARTED = Reason("StageRestarted", "stage {stage} attempt {attempt} starts over from step 0 (its "
+                                           "initialisation): {dir} holds no committed checkpoint ({why}); its "
+                                           "earlier launches stay there as history: job {job}")
+STAGE_REWOUND = Reason("StageRewound", "stage {stage} attempt {attempt} rewinds to {path} (the stage's set: "
+                                       "checkpoint.path): the trainer moves its checkpoints after step {step} "
+                                       "({newest} the newest) to checkpoints/superseded/ (kept) before its first "
+                                       "step: job {job}")
+STAGE_REWINDING = Reason("StageRewinding", "stage {stage} attempt {attempt}: the stage's set now rewinds it to "
+                                           "{path}; the attempt stops after its step and saves, and the next "
+                                           "rewinds (not counted as a failure)")
 REOPENED = Reason("SpecChanged", "spec changed (generation {generation}): the failed run continues; stage {stage} "
-                                  "resumes from its newest verified checkpoint, its failures counted anew")
+                                  "resumes from its newest verified checkpoint (or starts over when it committed "
+                                  "none), its failures counted anew")
 JOB_ADOPTED = Reason("JobAdopted", "stage {stage}: found its job {job} (attempt {attempt}) and continued watching it")
 
 # Stage success (success.py): a succeeded job is not yet a succeeded stage
@@ -80,7 +91,7 @@ CHECKPOINT_UNVERIFIABLE = Reason("CheckpointUnverifiable", "stage {stage}: the f
 EVIDENCE_INVALID = Reason("EvidenceInvalid", "stage {stage}: {problem}; nothing was deleted")
 VALIDATION_INCOMPLETE = Reason("ValidationIncomplete", "stage {stage}: {where} has no COMPLETE.json")
 
-# Failure (failure.py, progress_deadline.py, resume.py)
+# Failure (failure.py, progress_deadline.py)
 JOB_FAILED = Reason("JobFailed", "stage {stage} attempt {attempt} failed: {detail}")
 BACKOFF_LIMIT_EXCEEDED = Reason("BackoffLimitExceeded", "stage {stage} failed {failures} times (backoffLimit "
                                                         "{limit}): {detail}")
@@ -94,9 +105,6 @@ INPUT_REFUSED = Reason("InputRefused", "stage {stage} attempt {attempt}: the tra
 PROGRESS_DEADLINE_EXCEEDED = Reason("ProgressDeadlineExceeded", "stage {stage}: no checkpoint, heartbeat or event for "
                                                                 "{idle}s (progressDeadlineSeconds {limit}); its job was "
                                                                 "deleted")
-NOTHING_TO_RESUME = Reason("NothingToResume", "stage {stage}: attempt {attempt} left a run directory without a "
-                                              "verified checkpoint; a restart would not continue it (delete {dir} "
-                                              "to start the stage over)")
 CHECKPOINT_SKIPPED = Reason("CheckpointSkipped", "stage {stage}: attempt {attempt} resumes from {path}, passing over "
                                                 "newer checkpoints that do not verify (kept, not deleted): {skipped}")
 JOB_REJECTED = Reason("JobRejected", "stage {stage}: the API server rejected job {job}: {detail}")

@@ -9,8 +9,10 @@ messages in ``conditions``. Stages run in order; the current stage is the first 
     spec.runPolicy.suspend                     -> delete the current job; Suspended (stages whose job
                                                   succeeded unrecorded are recorded first)
     current stage has no job                   -> create one (resume.py: fresh, from the newest
-                                                  verified checkpoint, or NothingToResume), recording
-                                                  the attempt's topology; resuming at another shape
+                                                  verified checkpoint, over from step 0 when its
+                                                  directory committed none: StageRestarted, or from
+                                                  the step its set rewinds it to: StageRewound),
+                                                  recording the attempt's topology; resuming at another shape
                                                   (reshape.py): TopologyChanged, or, when the global
                                                   batch would change, no job: Validated=False/
                                                   TopologyMismatch, the stage Pending until the spec
@@ -256,6 +258,8 @@ def _advance(r: _Run, spec: SolarRunSpec, st: StageStatus, p: StagePlan, obs: Ob
     if p.action == "train":
         status.step = files.latest
         _note_checkpoint(r, st, p, files.latest)
+        if p.rewind is not None and p.rewind in files.rewinds:
+            st.rewoundTo = p.rewind                      # the trainer recorded the set's rewind: done
     if p.elastic:
         _note_recovery(r, st, files)
     job = obs.jobs.get(st.name)
@@ -296,7 +300,7 @@ def _advance(r: _Run, spec: SolarRunSpec, st: StageStatus, p: StagePlan, obs: Ob
             r.decision.actions.append(Action("delete_job", st.name, job.name))
             _stage_done(r, st, p, files)
             return True
-        _disrupted(r, st, p, job, pods, obs.capacity.get(st.name))
+        _disrupted(r, st, p, job, pods, obs.capacity.get(st.name), files)
         return False
     if job.phase in ("Succeeded", "Failed") and _stopped(r, st, p, job, files):
         return False
@@ -312,6 +316,8 @@ def _advance(r: _Run, spec: SolarRunSpec, st: StageStatus, p: StagePlan, obs: Ob
         return False
     phase = "Running" if job.phase in ("Running", "Restarting") else "Pending"
     if p.elastic and _elastic_change(r, spec, st, p, job, phase, obs, files):
+        return False
+    if _rewinding(r, st, p, job, files):
         return False
     if r.stage_phase(st, phase) and phase == "Running":
         r.event("Normal", C.STAGE_RUNNING, C.STAGE_RUNNING.message(stage=st.name, attempt=st.attempt))
@@ -355,6 +361,25 @@ def _stopped(r: _Run, st: StageStatus, p: StagePlan, job: JobState, files: Stage
     st.reason, st.message = C.STAGE_STOPPED.name, message
     r.condition(C.PROGRESSING, "True", C.STAGE_STOPPED, message)
     r.event("Warning", C.STAGE_STOPPED, message)
+    return True
+
+
+def _rewinding(r: _Run, st: StageStatus, p: StagePlan, job: JobState, files: StageFiles) -> bool:
+    """A live attempt of a training stage whose set now rewinds it (the spec was edited while it ran): it is
+    stopped (SIGTERM: its ranks finish the step and save) and the next attempt rewinds, not counted as a
+    failure. An attempt that itself started from that rewind (or one the status does not know yet) goes on.
+    True when it is being stopped."""
+    if p.action != "train" or p.rewind is None or job.attempt not in (None, st.attempt) or not st.attempts \
+            or st.attempts[-1].attempt != st.attempt:
+        return False
+    if st.attempts[-1].resumedFrom == p.rewind or not resume.rewind_pending(p, files, st.rewoundTo):
+        return False
+    message = C.STAGE_REWINDING.message(stage=st.name, attempt=st.attempt, path=p.checkpoint_dir(p.rewind))
+    r.decision.actions.append(Action("delete_job", st.name, job.name))
+    r.stage_phase(st, "Pending")
+    st.reason, st.message = C.STAGE_REWINDING.name, message
+    r.condition(C.PROGRESSING, "True", C.STAGE_REWINDING, message)
+    r.event("Normal", C.STAGE_REWINDING, message)
     return True
 
 
@@ -427,16 +452,22 @@ def _hold(r: _Run, reason: C.Reason, message: str) -> str:
     return message
 
 
-def recipe_problem(p: StagePlan, files: StageFiles) -> str | None:
+def recipe_problem(p: StagePlan, files: StageFiles, rewound: int | None = None) -> str | None:
     """The trainer's own refusal of resuming this training stage's directory with the plan's config
     (``solar.config.changes``: a recipe key changed and not listed in checkpoint.accept_changes, or
-    train.max_steps below the completed step), or None. Schedule and execution changes pass."""
-    if p.action != "train" or p.resolved is None or files.config is None or files.latest is None:
+    train.max_steps below the completed step: the checkpoint the next attempt resumes, resume.py, with
+    ``rewound`` the stage's StageStatus.rewoundTo), or None. Schedule and execution changes pass, and so
+    does anything when the next attempt resumes nothing (it starts over)."""
+    if p.action != "train" or p.resolved is None or files.config is None:
         return None
     from solar.config import changes
+    from solar.run import resume
 
+    step = resume.next_start(p, files, 0, rewound).step
+    if step is None:
+        return None
     try:
-        changes.review(files.config, p.resolved, completed_step=files.latest, where=p.stage_dir)
+        changes.review(files.config, p.resolved, completed_step=step, where=p.stage_dir)
     except ValueError as exc:
         return str(exc)
     return None
@@ -447,7 +478,8 @@ def _recipe_refused(plan: RunPlan, current: StageStatus | None, obs: Observation
     attempt of it runs."""
     if not _between_attempts(current, obs):
         return None
-    problem = recipe_problem(plan.stage(current.name), obs.files.get(current.name) or StageFiles(exists=False))
+    problem = recipe_problem(plan.stage(current.name), obs.files.get(current.name) or StageFiles(exists=False),
+                             current.rewoundTo)
     return C.RECIPE_CHANGED.message(stage=current.name, detail=problem) if problem else None
 
 
@@ -502,13 +534,10 @@ def _start(r: _Run, st: StageStatus, p: StagePlan, files: StageFiles) -> None:
     if p.elastic and st.elastic is not None:
         p = elastic.shaped(p, st.elastic.nodes)
     attempt = st.attempt + 1
-    start = resume.next_start(p, files, attempt)
-    if start is None:
-        r.fail(st, C.NOTHING_TO_RESUME, C.NOTHING_TO_RESUME.message(stage=st.name, attempt=st.attempt, dir=p.stage_dir))
-        return
-    found = reshape.of_stage(p, files.latest, files.position, st) if start.resume_from else None
+    start = resume.next_start(p, files, attempt, st.rewoundTo)
+    found = reshape.of_stage(p, start.step, files.position, st) if start.resume_from else None
     held = None
-    problem = recipe_problem(p, files) if start.resume_from else None
+    problem = recipe_problem(p, files, st.rewoundTo) if start.resume_from else None
     if found is not None and found.refused:
         held = (C.TOPOLOGY_MISMATCH, _mismatch(r, found))
     elif problem:
@@ -523,7 +552,11 @@ def _start(r: _Run, st: StageStatus, p: StagePlan, files: StageFiles) -> None:
     name = job_name(r.run, st.name, attempt)
     r.decision.actions.append(Action("create_job", st.name, name, attempt, start.resume_from,
                                      p.nodes if p.nodes != planned_nodes else None))
-    _record_attempt(st, p, attempt, files.latest if start.resume_from else None, iso(r.now))
+    _record_attempt(st, p, attempt, start.step, iso(r.now))
+    if resume.settles(p, files, st.rewoundTo):
+        st.rewoundTo = p.rewind          # nothing after the set's step to move aside: resuming it is the rewind
+    why = f"{files.launches} earlier launch{'es' if files.launches != 1 else ''}" + \
+        (f"; attempt {st.attempt}: {st.reason}" if st.reason and st.attempt else "")
     if st.elastic is not None:
         st.elastic.unschedulableSince = None
         if st.elastic.nextReason and st.attempts and st.attempts[-1].attempt == attempt:
@@ -534,12 +567,21 @@ def _start(r: _Run, st: StageStatus, p: StagePlan, files: StageFiles) -> None:
     st.admittedTime = None
     st.reason = st.message = None
     r.stage_phase(st, "Pending")
-    message = C.STAGE_STARTED.message(stage=st.name, attempt=attempt, how=start.how, job=name)
-    r.condition(C.PROGRESSING, "True", C.STAGE_STARTED, message)
-    r.event("Normal", C.STAGE_STARTED, message)
+    if start.restart:        # counted as any attempt: its failure counts against backoffLimit, a disruption not
+        reason = C.STAGE_RESTARTED
+        message = reason.message(stage=st.name, attempt=attempt, dir=p.stage_dir, why=why, job=name)
+    elif start.rewind:
+        reason = C.STAGE_REWOUND
+        message = reason.message(stage=st.name, attempt=attempt, path=start.resume_from, step=start.step, job=name,
+                                 newest=f"step {files.latest}" if files.latest is not None else "none verified")
+    else:
+        reason = C.STAGE_STARTED
+        message = reason.message(stage=st.name, attempt=attempt, how=start.how, job=name)
+    r.condition(C.PROGRESSING, "True", reason, message)
+    r.event("Normal", reason, message)
     if found is not None and found.changed:
         r.event("Normal", C.TOPOLOGY_CHANGED, C.TOPOLOGY_CHANGED.message(detail=f"attempt {attempt}: {found.summary()}"))
-    if start.resume_from and files.skipped:
+    if start.resume_from and files.skipped and not start.rewind:
         r.event("Warning", C.CHECKPOINT_SKIPPED, C.CHECKPOINT_SKIPPED.message(
             stage=st.name, attempt=attempt, path=start.resume_from, skipped="; ".join(files.skipped)))
 
@@ -589,8 +631,13 @@ def _change_shape(r: _Run, st: StageStatus, p: StagePlan, nodes: int, reason: C.
     r.event("Normal" if grown else "Warning", reason, message)
 
 
-def _next_start(p: StagePlan) -> str:
-    return "resumes the newest verified checkpoint" if p.action == "train" else "continues where this one stopped"
+def _next_start(p: StagePlan, files: StageFiles | None = None) -> str:
+    """What the next attempt does, for messages (``files``: the stage directory, when known)."""
+    if p.action != "train":
+        return "continues where this one stopped"
+    if files is not None and files.latest is None and files.launched and p.rewind is None:
+        return "starts over from step 0 (no checkpoint committed yet)"
+    return "resumes the newest verified checkpoint"
 
 
 def _regrow(r: _Run, spec: SolarRunSpec, st: StageStatus, p: StagePlan, capacity: int | None) -> None:
@@ -609,7 +656,8 @@ def _regrow(r: _Run, spec: SolarRunSpec, st: StageStatus, p: StagePlan, capacity
                       f"{'s' if capacity != 1 else ''} for it again before attempt {st.attempt + 1} started", None)
 
 
-def _disrupted(r: _Run, st: StageStatus, p: StagePlan, job: JobState, pods: Pods, capacity: int | None) -> None:
+def _disrupted(r: _Run, st: StageStatus, p: StagePlan, job: JobState, pods: Pods, capacity: int | None,
+               files: StageFiles | None = None) -> None:
     """An attempt whose pods were disrupted (its job failed or, on a real cluster, still reads Running) is
     replaced, not counted against backoffLimit. An elastic stage continues at the largest allowed shape
     the cluster holds now (never larger than this one; without a capacity figure, the next smaller
@@ -617,7 +665,7 @@ def _disrupted(r: _Run, st: StageStatus, p: StagePlan, job: JobState, pods: Pods
     why = f"attempt {st.attempt}'s pods were disrupted ({pods.disrupted})"
     if not p.elastic:
         message = C.STAGE_DISRUPTED.message(stage=st.name, attempt=st.attempt, why=why,
-                                            shape=elastic.describe(p, p.nodes), next=_next_start(p))
+                                            shape=elastic.describe(p, p.nodes), next=_next_start(p, files))
         r.decision.actions.append(Action("delete_job", st.name, job.name))
         r.stage_phase(st, "Pending")
         st.reason, st.message = C.STAGE_DISRUPTED.name, message

@@ -15,7 +15,7 @@ from pathlib import Path
 
 from solar.run.reshape import DataPosition
 from solar.storage import checkpoints as ckpt
-from solar.storage.run_dir import latest_config
+from solar.storage.run_dir import latest_config, launch_records
 
 
 @dataclass(frozen=True)
@@ -38,6 +38,8 @@ class StageFiles:
     position: DataPosition | None = None    # the newest verified checkpoint's data/position.json, when it has one
     config: dict | None = None              # the resolved config of the directory's latest launch
     last_step: tuple[int, float] | None = None  # rank 0's newest step record: (step, epoch seconds)
+    launches: int = 0                       # launch records in the directory (launch-manifest.json, launches/)
+    rewinds: tuple[int, ...] = ()           # the steps its launch records say a launch rewound to ("rewind")
 
 
 def _document(path: Path, what: str) -> tuple[dict | None, str | None]:
@@ -133,7 +135,23 @@ def observe_stage(stage_dir: str | Path, *, final_step: int | None, validation_s
                       latest["step"] if latest else None, final, problems, marker, marker_status, activity, usage,
                       result_problem, marker_problem, tuple(skipped),
                       data_position(root / "checkpoints" / ckpt.step_name(latest["step"])) if latest else None,
-                      _latest_config(root) if launched else None, _last_step(root / "events" / "rank-00000.jsonl"))
+                      _latest_config(root) if launched else None, _last_step(root / "events" / "rank-00000.jsonl"),
+                      *_launches(root))
+
+
+def _launches(root: Path) -> tuple[int, tuple[int, ...]]:
+    """(how many launch records the directory holds, the steps those that rewound it rewound to). A
+    record that cannot be read counts as a launch that rewound nothing."""
+    records = launch_records(root)
+    steps = []
+    for path in records:
+        try:
+            rewind = json.loads(path.read_bytes()).get("rewind")
+        except (OSError, ValueError, AttributeError):
+            continue
+        if isinstance(rewind, dict) and isinstance(rewind.get("step"), int):
+            steps.append(rewind["step"])
+    return len(records), tuple(steps)
 
 
 TAIL_BYTES = 16384   # the end of rank 0's event log read for its newest step record (a step record is ~1 KB)

@@ -12,7 +12,11 @@ in order, the stage's own ``set`` and the edits the run owns:
     checkpoint.*                  the init wiring: an earlier stage's final checkpoint
                                   <run root>/<source>/checkpoints/step_<its train.max_steps>
 
-A stage's own ``set`` may not touch keys the run owns. Failures carry the reason the
+A stage's own ``set`` may not touch keys the run owns, but for two of the ``checkpoint`` block:
+``checkpoint.accept_changes`` (the recipe keys a resume of the stage may change, passed on to every
+attempt) and a rewind, ``checkpoint.mode=full_resume`` with ``checkpoint.path`` naming a checkpoint
+of the stage's own directory as the pods see it (``StagePlan.rewind``: ``resume.py`` decides when
+an attempt starts from it; neither enters the stage's ``sets``). Failures carry the reason the
 ``Validated`` condition reports: UnsupportedRoute, UnresolvedPlaceholder, TopologyMismatch,
 InvalidInit, InvalidSpec, InsufficientGPUMemory (a training stage whose memory forecast does not
 fit a declared ``topology.gpuMemory``; every training stage's forecast is part of the plan), or
@@ -36,6 +40,8 @@ from solar.run.spec import SolarRunSpec
 
 OWNED = ("runtime.output_dir", "distributed.world_size", "distributed.sequence_parallel_size",
          "train.micro_batch_size", "train.gradient_accumulation", "train.global_batch_size", "checkpoint")
+ACCEPT = "checkpoint.accept_changes"      # a stage's set may give it (what a resume of the stage may change)
+REWIND = ("checkpoint.mode", "checkpoint.path")   # ... and these two together: a rewind (``_rewind``)
 
 
 class RunInvalid(Exception):
@@ -72,6 +78,9 @@ class StagePlan:
     # training with topology.elastic: every allowed (nodes, accumulation), the declared shape first
     elastic: tuple = ()
     elastic_line: str | None = None     # what the dry runs print about it
+    # training: the step of the stage's own checkpoint its set rewinds it to (checkpoint.mode=full_resume,
+    # checkpoint.path), or None
+    rewind: int | None = None
 
     @property
     def world_size(self) -> int:
@@ -85,8 +94,8 @@ class StagePlan:
         """``solar <action> --config ... --set ...`` as an argument list (never a shell string).
         ``resume_from``: continue a training stage from that checkpoint of its own run."""
         sets = list(self.sets)
-        if resume_from is not None:
-            sets = [s for s in sets if not s.startswith("checkpoint.")]
+        if resume_from is not None:   # the init wiring goes; the stage's own accept_changes stays
+            sets = [s for s in sets if not s.startswith("checkpoint.") or s.startswith(ACCEPT + "=")]
             sets += ["checkpoint.mode=full_resume", f"checkpoint.path={resume_from}"]
         args = ["-m", "solar", self.action, "--config", self.config]
         for item in sets:
@@ -123,16 +132,24 @@ def plan_run(spec: SolarRunSpec, run_root: str, *, repo: str | os.PathLike[str] 
         where = f"spec.stages[{index}] ({stage.name})"
         t = stage.topology or spec.topology
         world = t.world_size
+        stage_dir = f"{run_root}/{stage.name}"
+        own, rewinding = [], {}
         for item in stage.set:
             key = item.split("=", 1)[0].strip()
-            if any(key == o or key.startswith(o + ".") for o in OWNED):
+            if key in REWIND:
+                rewinding[key] = item.split("=", 1)[1].strip() if "=" in item else ""
+                continue
+            if key != ACCEPT and any(key == o or key.startswith(o + ".") for o in OWNED):
+                more = "; of the checkpoint block a stage's set gives only checkpoint.accept_changes, and " \
+                       "checkpoint.mode=full_resume with checkpoint.path to rewind the stage to one of its own " \
+                       "checkpoints" if key.startswith("checkpoint.") else ""
                 raise RunInvalid("InvalidSpec", f"{where}.set: {key} is set by the run (storage, topology, init); "
-                                                "remove it", stage.name)
+                                                f"remove it{more}", stage.name)
+            own.append(item)
         config_path = Path(repo) / stage.config
         if not config_path.is_file():
             raise RunInvalid("InvalidSpec", f"{where}.config: {stage.config} does not exist in the image's repository",
                              stage.name)
-        stage_dir = f"{run_root}/{stage.name}"
         # the action decides which batch fields the run may set: read it first
         try:
             digest, document = _read_config(config_path)
@@ -141,6 +158,7 @@ def plan_run(spec: SolarRunSpec, run_root: str, *, repo: str | os.PathLike[str] 
         action = document.get("action")
         train_block = document.get("train") if isinstance(document.get("train"), dict) else {}
         _check_roles(stage, action, train_block.get("stage"), where)
+        rewind = _rewind(rewinding, action, stage_dir, where, stage.name) if rewinding else None
         owned = [f"runtime.output_dir={stage_dir}", f"distributed.world_size={world}",
                  f"distributed.sequence_parallel_size={t.sequenceParallelSize}"]
         if action == "train":  # the run's topology decides the batch: a given globalBatchSize must agree
@@ -155,7 +173,7 @@ def plan_run(spec: SolarRunSpec, run_root: str, *, repo: str | os.PathLike[str] 
         else:
             allowed, elastic_line = (), None
         wiring, sources = _wiring(stage, index, plans, action, where)
-        sets = tuple(stage.set) + tuple(owned) + tuple(wiring)
+        sets = tuple(own) + tuple(owned) + tuple(wiring)
         try:
             resolved = resolve_tree(document, source=str(config_path), source_digest=digest, sets=sets,
                                     environ=environ if environ is not None else dict(os.environ))
@@ -178,10 +196,32 @@ def plan_run(spec: SolarRunSpec, run_root: str, *, repo: str | os.PathLike[str] 
                                topology_field=f"spec.stages[{index}].topology" if stage.topology else
                                "spec.topology",
                                resolved=json.loads(canonical_bytes(resolved.config_dict)) if cfg.action == "train"
-                               else None, elastic=allowed, elastic_line=elastic_line))
+                               else None, elastic=allowed, elastic_line=elastic_line, rewind=rewind))
     t = spec.topology
     dp = t.world_size // t.sequenceParallelSize
     return RunPlan(tuple(plans), t.world_size, dp, t.globalBatchSize or dp * t.microBatchSize * t.gradientAccumulation)
+
+
+def _rewind(given: dict[str, str], action: str | None, stage_dir: str, where: str, stage: str) -> int:
+    """The step a stage's set rewinds it to: ``checkpoint.mode=full_resume`` and ``checkpoint.path`` naming
+    ``<stage_dir>/checkpoints/step_N`` (as the pods see it), or RunInvalid (InvalidSpec)."""
+    import re
+
+    want = f"{stage_dir}/checkpoints/step_<N, 8 digits>"
+    if action != "train":
+        raise RunInvalid("InvalidSpec", f"{where}.set: {', '.join(sorted(given))}: only a training stage rewinds to "
+                                        "one of its own checkpoints; remove it", stage)
+    mode, path = given.get("checkpoint.mode"), given.get("checkpoint.path")
+    if mode != "full_resume" or not path:
+        raise RunInvalid("InvalidSpec", f"{where}.set: a stage's set gives checkpoint.mode and checkpoint.path only "
+                                        "together, to rewind the stage: checkpoint.mode=full_resume and "
+                                        f"checkpoint.path={want} (got checkpoint.mode={mode or '(none)'}, "
+                                        f"checkpoint.path={path or '(none)'})", stage)
+    found = re.fullmatch(r"step_(\d{8})", os.path.basename(os.path.normpath(path)))
+    if found is None or os.path.dirname(os.path.normpath(path)) != os.path.normpath(f"{stage_dir}/checkpoints"):
+        raise RunInvalid("InvalidSpec", f"{where}.set: checkpoint.path={path}: a stage rewinds only to a checkpoint of "
+                                        f"its own directory, {want}", stage)
+    return int(found.group(1))
 
 
 def _elastic(t, global_batch: int, field: str, stage: str) -> tuple[tuple, str | None]:

@@ -338,6 +338,9 @@ class StageStatus(Doc):
                           "with the same global batch (its GPU time per launch is in usage); the last 50.")
     attemptsDropped: int | None = Field(None, description="Attempts left out of attempts[] (it keeps the last 50).")
     elastic: ElasticStatus | None = Field(None, description="Elastic training stages (spec.topology.elastic).")
+    rewoundTo: int | None = Field(None, description="The step the stage's set rewinds it to (checkpoint.mode="
+                                                    "full_resume, checkpoint.path), once that rewind is done: later "
+                                                    "attempts resume the newest checkpoint.")
 
 
 class Condition(Doc):
