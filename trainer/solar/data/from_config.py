@@ -7,7 +7,7 @@ from pathlib import Path
 
 from solar.config.contracts import effective_dims
 from solar.config.schema import RunConfig
-from solar.data.index import load_table
+from solar.data.index import IndexTable, data_root_for, load_table, shard_problems
 from solar.data.layout import Layout, layout_for
 from solar.data.plan import PlanParams
 from solar.data.stream import ClipSource, GuardSettings, RankStream
@@ -59,6 +59,37 @@ def rank_positions(cfg: RunConfig, rank: int) -> list[int]:
     return [(micro * dp_world + dp) * m + i for micro in range(t.gradient_accumulation) for i in range(m)]
 
 
+_TABLES: dict[tuple, IndexTable] = {}   # the training index, loaded once per process (checks, then build)
+
+
+def train_table(cfg: RunConfig) -> tuple[Path, IndexTable]:
+    """The training index and its table (kept while the file is unchanged: the launch's checks load it
+    before anything is written and the build uses the same table)."""
+    index = index_path(cfg, "train_index")
+    try:
+        st = index.stat()
+    except FileNotFoundError:
+        raise DataError(f"data.train_index {index} does not exist (data.root {cfg.data.root}); point data.root / "
+                        "data.train_index at the training set") from None
+    key = (str(index), st.st_mtime_ns, st.st_size)
+    if key not in _TABLES:
+        _TABLES.clear()
+        _TABLES[key] = load_table(index)
+    return index, _TABLES[key]
+
+
+def preflight_train_data(cfg: RunConfig) -> None:
+    """Before a launch writes anything: the training index loads and every shard it names is under the
+    data root with its declared size (one stat per shard), so a wrong path is refused with nothing
+    written, not at the first step."""
+    index, table = train_table(cfg)
+    problems = shard_problems(table, data_root_for(index, cfg.data.root))
+    if problems:
+        more = f" (and {len(problems) - 1} more)" if len(problems) > 1 else ""
+        raise DataError(f"data.root: {problems[0]}{more}; point data.root at the shards of {index} "
+                        "(solar data inspect lists every problem)")
+
+
 def guard_settings(cfg: RunConfig) -> GuardSettings:
     d = cfg.data
     return GuardSettings(fps=d.fps or 16.0, seconds=d.camera_guard_seconds,
@@ -73,8 +104,8 @@ def train_stream(cfg: RunConfig, rank: int, state: dict | None = None) -> RankSt
         raise DataError(f"the checkpoint's data stream was saved with global batch {state['global_batch_size']}, "
                         f"this run's is {batch}: a full resume keeps the global batch (world / sequence parallel "
                         "x train.micro_batch_size x train.gradient_accumulation)")
-    index = index_path(cfg, "train_index")
-    source = ClipSource(str(index), load_table(index), cfg.data.root, layout_of(cfg),
+    index, table = train_table(cfg)
+    source = ClipSource(str(index), table, cfg.data.root, layout_of(cfg),
                         cfg.data.pixel_frames, guard_settings(cfg))
     params = plan_params(cfg, (state or {}).get("plan_nodes"))
     return RankStream(source, params, rank, state, positions=rank_positions(cfg, rank),

@@ -108,11 +108,13 @@ def codec_for(cfg, device: torch.device | None = None):
     return codec
 
 
-def check_test_set(cfg, plan_path: Path) -> None:
-    """The test index exists and any frozen plan still matches it and the config."""
+def check_test_set(cfg, plan_path: Path | None) -> None:
+    """The test index exists and any frozen plan still matches it and the config (``plan_path`` None:
+    no plan to keep, as when a restart moves the earlier launches' aside)."""
     if not cfg.data.test_index:
         raise SolarError("validation needs data.test_index (the test set the plan selects from)")
     index = index_path(cfg, "test_index")
     if not index.is_file():
         raise DataError(f"data.test_index {index} does not exist; point data.root/data.test_index at the test set")
-    check_frozen_plan(cfg, plan_path)
+    if plan_path is not None:
+        check_frozen_plan(cfg, plan_path)

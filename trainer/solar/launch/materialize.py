@@ -200,13 +200,16 @@ def _lora_value(name: str, shape: tuple[int, ...], seed: int) -> torch.Tensor:
     return value
 
 
-def fill(model: torch.nn.Module, tensors: Mapping[str, Lazy], *, where: str, init_delta_from_time: bool = False,
-         drop_delta: bool = False, lora_seed: int | None = None) -> None:
-    """Every parameter and buffer of a materialised ``model`` from ``tensors``, each rank its rows."""
+def completed(state: Mapping[str, torch.Tensor], tensors: Mapping[str, Lazy], *, where: str,
+              init_delta_from_time: bool = False, drop_delta: bool = False,
+              lora_seed: int | None = None, values: bool = True) -> dict[str, Lazy]:
+    """``tensors`` as ``fill`` loads them into a model of ``state`` (its state dict: shapes only, a meta
+    model will do): AnyFlow's endpoint embedding from the time embedding, fresh LoRA factors (their
+    shapes alone without ``values``: a launch's checks); a WeightsError naming what is missing, extra or
+    of another shape."""
     tensors = dict(tensors)
     if drop_delta:
         tensors = {k: v for k, v in tensors.items() if not k.startswith(DELTA_PREFIX)}
-    state = model.state_dict(keep_vars=True)
     expected = {k: tuple(v.shape) for k, v in state.items()}
     made: dict[str, Lazy] = {}
     for name in expected.keys() - tensors.keys():
@@ -217,11 +220,20 @@ def fill(model: torch.nn.Module, tensors: Mapping[str, Lazy], *, where: str, ini
                 made[name] = tensors[origin]
                 continue
         if lora_seed is not None and (".lora_A." in name or ".lora_B." in name):
-            made[name] = Lazy(expected[name], tensor=_lora_value(name, expected[name], lora_seed))
+            made[name] = Lazy(expected[name], tensor=_lora_value(name, expected[name], lora_seed) if values else None)
     tensors.update(made)
     report = compare_keys(expected, {k: v.shape for k, v in tensors.items()})
     if not report.ok:
         raise WeightsError(f"{where} do not fit the model: {report.summary()}")
+    return tensors
+
+
+def fill(model: torch.nn.Module, tensors: Mapping[str, Lazy], *, where: str, init_delta_from_time: bool = False,
+         drop_delta: bool = False, lora_seed: int | None = None) -> None:
+    """Every parameter and buffer of a materialised ``model`` from ``tensors``, each rank its rows."""
+    state = model.state_dict(keep_vars=True)
+    tensors = completed(state, tensors, where=where, init_delta_from_time=init_delta_from_time,
+                        drop_delta=drop_delta, lora_seed=lora_seed)
     with torch.no_grad():
         for name, target in state.items():
             local = local_part(target)

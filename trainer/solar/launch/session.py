@@ -37,7 +37,7 @@ from solar.errors import SolarError
 from solar.launch.distributed import Dist
 from solar.launch.errors import error_type
 from solar.run.failure import REFUSED_PREFIX
-from solar.storage import fence, run_dir
+from solar.storage import fence, run_dir, supersede
 
 
 def init_record(cfg) -> dict:
@@ -90,20 +90,21 @@ class Session:
         self.rank_log: run_dir.RankLog | None = None
         self.error: BaseException | None = None
         self.started: float | None = None
-        self.review = None   # rank 0: a resume's solar.config.changes.Review, returned by the checks
+        self.prepared: run_dir.Prepared | None = None   # rank 0: what the checks returned (run_dir.prepare)
+        self.superseded: dict | None = None             # rank 0: the restart's or rewind's record
         self.lock: run_dir.WriterLock | None = None   # rank 0: the run directory's writer lock
 
     def check(self, checks: Callable[[], object]) -> None:
         """Run ``checks`` on rank 0 before anything is written; a refusal ends every rank with the
         same ``SolarError`` (and the process group closed). What ``checks`` returns (a resume's
-        changes) is recorded in the launch files by ``open``."""
+        changes, a restart or rewind: ``run_dir.Prepared``) is carried out and recorded by ``open``."""
         from solar import STARTED
 
         d = self.dist
         verdict, stale, mine = None, False, None
         if d.rank == 0:
             try:
-                self.review = checks()
+                self.prepared = checks()
                 mine = self._fence()
                 if mine is not None:
                     fence.admit(mine)   # a stale attempt starting late writes nothing, not even the lock file
@@ -136,19 +137,28 @@ class Session:
     def open(self) -> None:
         """The launch files (rank 0), then every rank's log, events and heartbeat."""
         d, out = self.dist, self.out
-        recorded = self.review.recorded if self.review is not None else []
+        review = self.prepared.review if self.prepared is not None else None
+        back = self.prepared.supersede if self.prepared is not None else None
+        recorded = review.recorded if review is not None else []
         if d.rank == 0:
             if self.lock is not None:
                 self.lock.record()
-            run_dir.write_launch(out, self.resolved, init_record(self.resolved.config), recorded)
+            extra = None
+            if back is not None:   # before the launch's own record, which says what moved
+                print(f"solar: {back.line(out)}", file=sys.stderr)
+                self.superseded = supersede.apply(back, out, run_dir.next_launch_number(out))
+                extra = {back.kind: self.superseded}
+            run_dir.write_launch(out, self.resolved, init_record(self.resolved.config), recorded, extra)
             run_dir.write_environment(out)
-            for line in self.review.lines() if self.review is not None else []:
+            for line in review.lines() if review is not None else []:
                 print(f"solar: {line}", file=sys.stderr)
         d.barrier("launch-written")
         self.rank_log = run_dir.RankLog(out, d.rank)
         self.events, self.heartbeat = run_dir.EventLog(out, d.rank), run_dir.Heartbeat(out, d.rank)
         d.on_collective = self.heartbeat.collective
         self.events.write("start", rank=d.rank, world=d.world, pid=os.getpid(), route=self.resolved.route.key)
+        if d.rank == 0 and back is not None:
+            self.events.write("restarted" if back.kind == "restart" else "rewound", durable=True, **self.superseded)
         if d.rank == 0 and recorded:
             self.events.write("config_changes", durable=True, changes=recorded)
 

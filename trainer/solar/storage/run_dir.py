@@ -10,6 +10,9 @@ and the per-rank event logs and heartbeats.
     logs/rank-NNNNN.log         the rank's stdout/stderr and failure tracebacks, across launches
     .writer.lock                the one writer's lock (rank 0 of the live launch; released when it dies)
     .fence.json                 the stage's current attempt (``solar.storage.fence``; launches with a token)
+    superseded/NNNN/, checkpoints/superseded/NNNN/, validation/superseded/NNNN/
+                                what launch NNNN moved aside before its first step: a restart of a run that
+                                committed nothing, a rewind to an older checkpoint (``solar.storage.supersede``)
 """
 
 from __future__ import annotations
@@ -21,11 +24,13 @@ import subprocess
 import sys
 import time
 import traceback
+from dataclasses import dataclass
 from pathlib import Path
 
 from solar.config.canonical import canonical_bytes, digest, pretty_bytes
 from solar.errors import SolarError
-from solar.storage import fence
+from solar.storage import fence, supersede
+from solar.storage.supersede import Supersede
 from solar.storage.atomic import write_create_only, write_replace
 
 LAUNCH_SCHEMA = "solar.launch.v1"
@@ -81,21 +86,36 @@ def latest_config(output_dir: Path) -> dict:
 
 
 _VERB = {"train": "a training run", "infer": "an inference run"}
+# What a launch that stopped before its launch manifest leaves: the directory is still unused.
+_UNUSED = (".writer.lock", fence.FENCE_FILE, "resolved-config.json")
 
 
-def prepare(output_dir: Path, resolved, *, resuming: bool, completed_step: int | None = None):
+@dataclass(frozen=True)
+class Prepared:
+    """What the checks decided for the launch (rank 0, before anything is written): a resume's or a
+    restart's config changes against the latest launch, and what moves aside first (a restart of a
+    directory that committed nothing, a rewind to an older checkpoint: ``solar.storage.supersede``)."""
+
+    review: object = None          # solar.config.changes.Review
+    supersede: Supersede | None = None
+
+
+def prepare(output_dir: Path, resolved, *, resuming: bool, completed_step: int | None = None) -> Prepared | None:
     """Check the directory may be used; raise before anything is written. A resume (or a continued
     generation) returns its ``solar.config.changes.Review`` against the run's latest launch: a
     training resume may change execution keys freely, schedule keys with a recorded line and recipe
     keys listed in ``checkpoint.accept_changes``; a continued generation execution keys only (not its
-    checkpoint). Every refusal names each differing key with both values."""
+    checkpoint). A resume from an older checkpoint than the directory's newest is a rewind. A fresh
+    training launch into a directory whose run committed no checkpoint starts it over (by hand with
+    the run's recipe; for a SolarRun stage, ``owner``, whatever the spec now says). Every refusal
+    names each differing key with both values."""
     from solar.config import changes
 
     if output_dir.exists() and not output_dir.is_dir():
         raise SolarError(f"runtime.output_dir {output_dir} is a file")
     existing = output_dir / "launch-manifest.json"
-    # the lock and the fence alone: unused (a launch that stopped before its launch files)
-    if not output_dir.exists() or not any(p.name not in (LOCK_FILE, fence.FENCE_FILE) for p in output_dir.iterdir()):
+    # the lock, the fence and an unrecorded config alone: unused (a launch that stopped before its manifest)
+    if not output_dir.exists() or (not existing.is_file() and all(p.name in _UNUSED for p in output_dir.iterdir())):
         if resuming:
             raise SolarError(f"checkpoint.mode=full_resume but {output_dir} holds no run to resume")
         return None
@@ -106,10 +126,9 @@ def prepare(output_dir: Path, resolved, *, resuming: bool, completed_step: int |
     if recorded.get("action", action) != action:
         raise SolarError(f"runtime.output_dir {output_dir} holds {_VERB.get(recorded.get('action'), 'another run')} "
                          f"({name!r}); solar {action} needs a new directory")
-    if not resuming:
-        raise SolarError(f"runtime.output_dir {output_dir} already holds run {name!r}; use a new directory, or resume it "
-                         "with --set checkpoint.mode=full_resume --set checkpoint.path=<output_dir>/checkpoints/step_N")
     old, new = latest_config(output_dir), json.loads(canonical_bytes(resolved.config_dict))
+    if not resuming:
+        return _restart(output_dir, name, old, new)
     if action == "infer":
         differ = [c for c in changes.diff(old, new) if c.kind != changes.EXECUTION or c.key.startswith("checkpoint.")]
         if differ:
@@ -118,22 +137,61 @@ def prepare(output_dir: Path, resolved, *, resuming: bool, completed_step: int |
                              "runtime.output_dir")
         return changes.Review([], [], [])
     try:
-        return changes.review(old, new, completed_step=completed_step, where=str(output_dir))
+        review = changes.review(old, new, completed_step=completed_step, where=str(output_dir))
     except ValueError as exc:
         raise SolarError(str(exc)) from None
+    path = (new.get("checkpoint") or {}).get("path")
+    back = supersede.rewind(output_dir, path, completed_step) if completed_step is not None and path else None
+    return Prepared(review, back)
 
 
-def write_launch(output_dir: Path, resolved, init: dict, changes: list[dict] | None = None) -> None:
-    output_dir.mkdir(parents=True, exist_ok=True)
-    manifest = pretty_bytes(launch_manifest(resolved, init, changes))
-    config = canonical_bytes(resolved.config_dict) + b"\n"
+def _restart(output_dir: Path, name, old: dict, new: dict) -> Prepared:
+    """A fresh training launch into a directory that holds a run: refused when the run committed a
+    checkpoint (naming the newest and how to resume it); otherwise the run starts over, unless a
+    launch by hand changes its recipe (execution and schedule keys may change; for a SolarRun stage
+    anything may: its spec was changed on purpose). The changes are recorded as a resume's are."""
+    from solar.config import changes
+
+    committed = supersede.committed_steps(output_dir)
+    if committed:
+        newest = output_dir / "checkpoints" / f"step_{committed[-1]:08d}"
+        raise SolarError(f"runtime.output_dir {output_dir} already holds run {name!r} with checkpoints up to step "
+                         f"{committed[-1]}; use a new directory, or resume it with --set checkpoint.mode=full_resume "
+                         f"--set checkpoint.path={newest}")
+    differ = changes.diff(old, new)
+    recipe = [c for c in differ if c.kind == changes.RECIPE]
+    if recipe and owner() is None:
+        raise SolarError(f"runtime.output_dir {output_dir} holds run {name!r}, which committed no checkpoint, with "
+                         f"another recipe: {changes.listing(recipe)}; with the run's recipe it starts over in place "
+                         "(execution and schedule keys may differ), or use a new runtime.output_dir")
+    review = changes.Review(execution=[c for c in differ if c.kind == changes.EXECUTION],
+                            schedule=[c for c in differ if c.kind == changes.SCHEDULE], accepted=recipe)
+    return Prepared(review, supersede.restart(output_dir, len(launch_records(output_dir))))
+
+
+def next_launch_number(output_dir: Path) -> int:
+    """The number of the launch about to be recorded: 0 for the first (``launch-manifest.json``), then
+    the next free ``launches/NNNN``."""
     if not (output_dir / "launch-manifest.json").exists():
-        write_create_only(output_dir / "resolved-config.json", config, what="resolved-config.json")
+        return 0
+    return max((int(p.name[:4]) for p in (output_dir / "launches").glob("[0-9][0-9][0-9][0-9]-*.json")), default=0) + 1
+
+
+def write_launch(output_dir: Path, resolved, init: dict, changes: list[dict] | None = None,
+                 extra: dict | None = None) -> None:
+    """The launch's record (``extra``: a restart's or rewind's entry, ``solar.storage.supersede``)."""
+    output_dir.mkdir(parents=True, exist_ok=True)
+    doc = launch_manifest(resolved, init, changes)
+    doc.update(extra or {})
+    manifest = pretty_bytes(doc)
+    config = canonical_bytes(resolved.config_dict) + b"\n"
+    index = next_launch_number(output_dir)
+    if index == 0:   # a config without its manifest is an unrecorded launch's: replaced
+        write_replace(output_dir / "resolved-config.json", config)
         write_create_only(output_dir / "launch-manifest.json", manifest, what="launch-manifest.json")
         return
     launches = output_dir / "launches"
     launches.mkdir(exist_ok=True)
-    index = max((int(p.name[:4]) for p in launches.glob("[0-9][0-9][0-9][0-9]-*.json")), default=0) + 1
     write_create_only(launches / f"{index:04d}-launch-manifest.json", manifest, what="launch record")
     write_create_only(launches / f"{index:04d}-resolved-config.json", config, what="launch record")
 

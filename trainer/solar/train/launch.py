@@ -148,30 +148,37 @@ def _auto_kept_blocks(resolved, d):
 
 
 def _check(resolved, out: Path, resuming: bool, device):
-    """Rank 0, before anything is written: FP8's needs, the run directory, every weight source, the
-    video writer and the test set."""
+    """Rank 0, before anything is written: FP8's needs, the run directory, every weight source and
+    whether the model takes it, the training data (index and shards), the video writer and the test
+    set. Returns ``run_dir.prepare``'s decision (a resume's changes, a restart, a rewind)."""
     cfg = resolved.config
     from solar.train.fp8 import launch_problem
 
     problem = launch_problem(cfg.model.fp8_linear, device)
     if problem:
         raise SolarError(problem)
+    from solar.data.from_config import preflight_train_data
+    from solar.train.setup import preflight_weights
     from solar.train.sources import preflight_sources, require_global_batch
 
     completed = None
     if cfg.checkpoint.mode == "full_resume":   # a changed global batch named as such, before the run's own check
         require_global_batch(cfg, cfg.checkpoint.path)
         completed = _checkpoint_step(cfg.checkpoint.path)
-    review = run_dir.prepare(out, resolved, resuming=resuming, completed_step=completed)
+    prepared = run_dir.prepare(out, resolved, resuming=resuming, completed_step=completed)
     preflight_sources(resolved)
+    preflight_weights(resolved)
+    preflight_train_data(cfg)
     run = cfg.runtime
     if cfg.validation.passes and (run.validate_every or run.validation_steps):
         from solar.generation.test_set import check_test_set
         from solar.generation.video import check_writer
 
         check_writer()
-        check_test_set(cfg, out / "validation" / "frozen-plan.json")
-    return review
+        restart = prepared is not None and prepared.supersede is not None and prepared.supersede.kind == "restart"
+        # a restart moves the earlier launches' validation (and its frozen plan) aside
+        check_test_set(cfg, None if restart else out / "validation" / "frozen-plan.json")
+    return prepared
 
 
 def _checkpoint_step(path: str) -> int | None:

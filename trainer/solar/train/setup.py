@@ -70,6 +70,30 @@ def initial_weights(cfg, model: torch.nn.Module, source_manifest: dict | None) -
     return tensors, where
 
 
+def preflight_weights(resolved: Resolved) -> None:
+    """Before a launch writes anything: a single-model run's initial weights (released base weights,
+    a checkpoint, a LoRA checkpoint over its base) exist and fit the model as configured, read from
+    the sources' headers against a model on the meta device (Stage2's roles: ``check_roles``). The
+    seeded random initialisation has nothing to check."""
+    cfg, ck = resolved.config, resolved.config.checkpoint
+    if resolved.route.stage == "stage2" or (ck.mode == "none" and not cfg.model.pretrained_path):
+        return
+    from solar.launch.materialize import completed
+
+    # the checkpoint itself was verified just before (``sources.preflight_sources``)
+    manifest = read_manifest(ck.path) if ck.mode in ("weights_only", "full_resume") else None
+    model = model_from_config(cfg, device="meta")
+    try:
+        tensors, where = initial_weights(cfg, model, manifest)
+    except WeightsError as exc:
+        raise WeightsError(f"model.pretrained_path: {exc}" if ck.mode == "none" else str(exc)) from None
+    try:
+        completed(model.state_dict(), tensors, where=where, init_delta_from_time=True, lora_seed=cfg.train.seed,
+                  values=False)
+    except WeightsError as exc:
+        raise (CheckpointError(str(exc)) if ck.mode != "none" else exc) from None
+
+
 def build_parts(resolved: Resolved, rank: int, device: torch.device, *, world: int = 1, local_world: int = 1,
                 sp=None) -> Parts:
     cfg, route = resolved.config, resolved.route
