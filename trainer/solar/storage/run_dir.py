@@ -153,12 +153,14 @@ def _restart(output_dir: Path, name, old: dict, new: dict) -> Prepared:
     from solar.config import changes
 
     committed = supersede.committed_steps(output_dir)
+    differ = [c for c in changes.diff(old, new) if c.key not in ("checkpoint.mode", "checkpoint.path")]
     if committed:
         newest = output_dir / "checkpoints" / f"step_{committed[-1]:08d}"
+        other = [c for c in differ if c.kind != changes.EXECUTION]
+        config = f" (this launch's config differs: {changes.listing(other)})" if other else ""
         raise SolarError(f"runtime.output_dir {output_dir} already holds run {name!r} with checkpoints up to step "
-                         f"{committed[-1]}; use a new directory, or resume it with --set checkpoint.mode=full_resume "
-                         f"--set checkpoint.path={newest}")
-    differ = changes.diff(old, new)
+                         f"{committed[-1]}{config}; use a new directory, or resume it with --set "
+                         f"checkpoint.mode=full_resume --set checkpoint.path={newest}")
     recipe = [c for c in differ if c.kind == changes.RECIPE]
     if recipe and owner() is None:
         raise SolarError(f"runtime.output_dir {output_dir} holds run {name!r}, which committed no checkpoint, with "
