@@ -19,7 +19,7 @@ buffered stream writes anything after it.
     .fence.json   {"token": 2, "owner": {"run_uid": ..., "stage": ...} | null, "host": ..., "pid": ..., "since": ...}
 
 Tokens compare only within one owner (``run_dir.owner()``: the SolarRun uid and stage the operator
-names; none under ``solar run``): a recreated SolarRun of the same name starts again at attempt 1 and
+names; ``solar-run:<run dir>`` and the stage under ``solar run``): a recreated SolarRun of the same name starts again at attempt 1 and
 takes the directory over, and a process of the other one is stale.
 
 A check is one read of a file of about 150 bytes (open, read, close, JSON), a few microseconds on a
