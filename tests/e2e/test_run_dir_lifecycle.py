@@ -67,9 +67,9 @@ def test_a_refused_launch_leaves_the_directory_as_it_found_it_and_the_fixed_one_
     for case, sets in wrong.items():
         refused = train(CONFIG, [*_sets(wan_data, out, "train.max_steps=2"), *sets])
         assert refused.returncode == 2, (case, refused.stderr[-2000:])
+        assert not out.exists(), (case, sorted(p.name for p in out.iterdir()))
         assert refused.stderr.startswith(case), refused.stderr
         assert refused.stderr.count("\n") == 1, refused.stderr
-        assert not out.exists(), case
     fixed = train(CONFIG, _sets(wan_data, out, "train.max_steps=2", "runtime.save_every=2"))
     assert fixed.returncode == 0, fixed.stderr[-2000:]
     assert result(out)["status"] == "complete" and len(_launch_records(out)) == 1
