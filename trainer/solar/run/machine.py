@@ -356,12 +356,18 @@ def _stopped(r: _Run, st: StageStatus, p: StagePlan, job: JobState, files: Stage
     if launched is None or started is None or launched < started:
         return False                     # the stop is an earlier launch's: this one wrote no result
     message = C.STAGE_STOPPED.message(stage=st.name, attempt=st.attempt, step=files.latest, phase=job.phase)
+    _replaced(r, st, job, C.STAGE_STOPPED, message, "Warning")
+    return True
+
+
+def _replaced(r: _Run, st: StageStatus, job: JobState, reason, message: str, event_type: str) -> None:
+    """The attempt's job goes and the stage waits for its next attempt (not counted as a failure),
+    ``reason`` in the status, the Progressing condition and an event."""
     r.decision.actions.append(Action("delete_job", st.name, job.name))
     r.stage_phase(st, "Pending")
-    st.reason, st.message = C.STAGE_STOPPED.name, message
-    r.condition(C.PROGRESSING, "True", C.STAGE_STOPPED, message)
-    r.event("Warning", C.STAGE_STOPPED, message)
-    return True
+    st.reason, st.message = reason.name, message
+    r.condition(C.PROGRESSING, "True", reason, message)
+    r.event(event_type, reason, message)
 
 
 def _rewinding(r: _Run, st: StageStatus, p: StagePlan, job: JobState, files: StageFiles) -> bool:
@@ -375,11 +381,7 @@ def _rewinding(r: _Run, st: StageStatus, p: StagePlan, job: JobState, files: Sta
     if st.attempts[-1].resumedFrom == p.rewind or not resume.rewind_pending(p, files, st.rewoundTo):
         return False
     message = C.STAGE_REWINDING.message(stage=st.name, attempt=st.attempt, path=p.checkpoint_dir(p.rewind))
-    r.decision.actions.append(Action("delete_job", st.name, job.name))
-    r.stage_phase(st, "Pending")
-    st.reason, st.message = C.STAGE_REWINDING.name, message
-    r.condition(C.PROGRESSING, "True", C.STAGE_REWINDING, message)
-    r.event("Normal", C.STAGE_REWINDING, message)
+    _replaced(r, st, job, C.STAGE_REWINDING, message, "Normal")
     return True
 
 
@@ -397,11 +399,7 @@ def _preempted(r: _Run, st: StageStatus, job: JobState) -> None:
     """A queue took an admitted job back: replace it (the next attempt resumes from the newest
     checkpoint and waits in the queue again); the operator still never touches its ``suspend``."""
     message = C.PREEMPTED.message(stage=st.name, attempt=st.attempt, job=job.name)
-    r.decision.actions.append(Action("delete_job", st.name, job.name))
-    r.stage_phase(st, "Pending")
-    st.reason, st.message = C.PREEMPTED.name, message
-    r.condition(C.PROGRESSING, "True", C.PREEMPTED, message)
-    r.event("Warning", C.PREEMPTED, message)
+    _replaced(r, st, job, C.PREEMPTED, message, "Warning")
 
 
 def _note_usage(status: SolarRunStatus, st: StageStatus, usage: dict | None) -> None:
@@ -666,11 +664,7 @@ def _disrupted(r: _Run, st: StageStatus, p: StagePlan, job: JobState, pods: Pods
     if not p.elastic:
         message = C.STAGE_DISRUPTED.message(stage=st.name, attempt=st.attempt, why=why,
                                             shape=elastic.describe(p, p.nodes), next=_next_start(p, files))
-        r.decision.actions.append(Action("delete_job", st.name, job.name))
-        r.stage_phase(st, "Pending")
-        st.reason, st.message = C.STAGE_DISRUPTED.name, message
-        r.condition(C.PROGRESSING, "True", C.STAGE_DISRUPTED, message)
-        r.event("Warning", C.STAGE_DISRUPTED, message)
+        _replaced(r, st, job, C.STAGE_DISRUPTED, message, "Warning")
         return
     el = _elastic_now(st, p)
     if capacity is not None:
