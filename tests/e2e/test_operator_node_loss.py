@@ -52,6 +52,19 @@ def _doc(storage: Path, data: Path, *, name: str, elastic: dict | None, steps_: 
     return doc
 
 
+def _slow_steps(monkeypatch) -> None:
+    """Every step of the emulated pods' trainers takes a second more (the trainer's drill
+    ``SOLAR_SLOW_STEP_SECONDS``, in the kubelet's pod environment). Where the lost node's ranks go on
+    training (a dead kubelet; a node NotReady with its processes alive) the survivor trains with them
+    until the operator acts, and at full speed the stage could finish first: 13 steps left after the
+    loss then take 13 s, the operator about 6."""
+    import tests.integration.nodes as kubelets
+
+    plain = kubelets.env
+    monkeypatch.setattr(kubelets, "env", lambda extra=None: {
+        **plain(extra), "SOLAR_ALLOW_FAULTS": "1", "SOLAR_SLOW_STEP_SECONDS": "1"})
+
+
 def _fm(status: dict) -> dict:
     """The stage's status (empty before the operator's first pass)."""
     return (status.get("stages") or [{}])[0]
@@ -129,13 +142,7 @@ def _snapshot(stage_dir: Path) -> dict[str, bytes]:
 def test_a_lost_node_is_replaced_while_the_job_still_runs_and_the_stage_goes_on_without_it(
         how, wan_data, reference, tmp_path, monkeypatch):
     if how == "dead-kubelet":
-        # the lost node's ranks go on training (and the survivor with them) until the operator acts: at
-        # full speed the stage could finish first; a second per step leaves it 13 s to act (about 6)
-        import tests.integration.nodes as kubelets
-
-        plain = kubelets.env
-        monkeypatch.setattr(kubelets, "env", lambda extra=None: {
-            **plain(extra), "SOLAR_ALLOW_FAULTS": "1", "SOLAR_SLOW_STEP_SECONDS": "1"})
+        _slow_steps(monkeypatch)
     storage = tmp_path / "runs"
     fm = storage / "lost" / "fm"
     logs: list = []
@@ -230,7 +237,9 @@ def test_a_partly_placed_attempt_that_reads_running_shrinks_after_shrink_after_s
     assert [e["step"] for e in steps(fm)] == [1, 2, 3]
 
 
-def test_a_stage_that_is_not_elastic_is_replaced_at_its_shape_while_its_job_runs(wan_data, reference, tmp_path):
+def test_a_stage_that_is_not_elastic_is_replaced_at_its_shape_while_its_job_runs(wan_data, reference, tmp_path,
+                                                                                  monkeypatch):
+    _slow_steps(monkeypatch)
     storage = tmp_path / "runs"
     fm = storage / "fixed" / "fm"
     logs: list = []
