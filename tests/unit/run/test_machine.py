@@ -13,6 +13,7 @@ from solar.run.observe import StageFiles
 from solar.run.plan import RunInvalid, plan_run
 from solar.run.spec import SolarRun
 from tests.conftest import REPO
+from tests.unit.run.executor import carry_out
 
 MANIFEST = yaml.safe_load((REPO / "examples" / "solarrun-tiny.yaml").read_text())
 T0 = 1_800_000_000.0
@@ -50,13 +51,7 @@ class Sim:
         obs = Observation("tiny-wan", generation, self.now, plan=None if invalid else PLAN, invalid=invalid,
                           jobs=dict(self.jobs), files=dict(self.files))
         d = reconcile(self.spec, self.status, obs)
-        for a in d.actions:
-            if a.kind == "create_job":
-                self.created.append(a)
-                self.jobs[a.stage] = JobState(a.job, "Created")
-            else:
-                self.deleted.append(a)
-                self.jobs.pop(a.stage, None)
+        carry_out(d, self.jobs, self.created, self.deleted, attempts=False)
         self.events += d.events
         self.status = d.status
         return d

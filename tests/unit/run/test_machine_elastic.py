@@ -15,6 +15,7 @@ from solar.run.observe import StageFiles
 from solar.run.plan import plan_run
 from solar.run.spec import SolarRun
 from tests.conftest import REPO
+from tests.unit.run.executor import carry_out
 
 MANIFEST = yaml.safe_load((REPO / "examples" / "solarrun-tiny.yaml").read_text())
 T0 = 1_800_000_000.0
@@ -55,13 +56,7 @@ class Sim:
         obs = Observation("tiny-wan", 1, self.now, plan=self.plan, jobs=dict(self.jobs), files=files,
                           pods=dict(self.pods), capacity=dict(self.capacity))
         d = reconcile(self.spec, self.status, obs)
-        for a in d.actions:
-            if a.kind == "create_job":
-                self.created.append(a)
-                self.jobs[a.stage] = JobState(a.job, "Created", attempt=a.attempt)
-            else:
-                self.deleted.append(a)
-                self.jobs.pop(a.stage, None)
+        carry_out(d, self.jobs, self.created, self.deleted)
         self.events += d.events
         self.changes += d.shape_changes
         self.costs += d.disruption_costs

@@ -16,6 +16,7 @@ from solar.run.plan import plan_run
 from solar.run.pods import Pods
 from solar.run.spec import SolarRun
 from tests.conftest import REPO
+from tests.unit.run.executor import carry_out
 
 MANIFEST = yaml.safe_load((REPO / "examples" / "solarrun-tiny.yaml").read_text())
 T0 = 1_800_000_000.0
@@ -53,13 +54,7 @@ class Sim:
         obs = Observation("tiny-wan", self.generation, T0, plan=self.plan, jobs=dict(self.jobs),
                           files=dict(self.files), pods=dict(self.pods))
         d = reconcile(self.spec, self.status, obs)
-        for a in d.actions:
-            if a.kind == "create_job":
-                self.created.append(a)
-                self.jobs[a.stage] = JobState(a.job, "Created", attempt=a.attempt)
-            else:
-                self.deleted.append(a)
-                self.jobs.pop(a.stage, None)
+        carry_out(d, self.jobs, self.created, self.deleted)
         self.events += d.events
         self.status = d.status
         return d
