@@ -189,7 +189,7 @@ def _say_superseded(path: str) -> None:
     import json
     from pathlib import Path
 
-    from solar.diagnose.evidence import superseded_of
+    from solar.storage.supersede import superseded_of
 
     found = superseded_of(path)
     if found is None:
@@ -232,7 +232,7 @@ def _superseded_line(run_dir) -> str | None:
     """How many checkpoints rewinds moved aside and where (``checkpoints/superseded/NNNN/``), in one line."""
     from pathlib import Path
 
-    from solar.diagnose.evidence import superseded_checkpoints
+    from solar.storage.supersede import superseded_checkpoints
 
     aside = superseded_checkpoints(run_dir)
     if not aside:

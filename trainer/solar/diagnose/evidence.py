@@ -18,6 +18,7 @@ from pathlib import Path
 
 from solar.errors import SolarError
 from solar.storage import checkpoints as ckpt
+from solar.storage import supersede
 from solar.storage.run_dir import launch_records
 
 TAIL_BYTES = 256 * 1024
@@ -212,7 +213,7 @@ def gather(run_dir: str | os.PathLike, *, now: float) -> Evidence:
     checkpoints = [c for c in listed if not Path(c["path"]).name.startswith(".")]
     partial = [Path(c["path"]).name for c in listed if Path(c["path"]).name.startswith(".")]
     return Evidence(root, launch, _json(root / "resolved-config.json"), _json(root / "run-result.json"), ranks,
-                    checkpoints, partial, _outputs(root), now, current, records, superseded_checkpoints(root),
+                    checkpoints, partial, _outputs(root), now, current, records, supersede.superseded_checkpoints(root),
                     _latest_config(root))
 
 
@@ -221,33 +222,6 @@ def _latest_config(root: Path) -> Path | None:
     later = sorted((root / "launches").glob("*-resolved-config.json"))
     path = later[-1] if later else root / "resolved-config.json"
     return path if path.is_file() else None
-
-
-SUPERSEDED = "superseded"
-_RECORD = re.compile(r"^\d{4}$")
-
-
-def superseded_checkpoints(run_dir: str | os.PathLike) -> list[dict]:
-    """The checkpoints rewinds moved aside, ``checkpoints/superseded/NNNN/step_N`` (NNNN: the rewinding
-    launch's record number), as {launch, step, path}, by launch and step. They are kept, never the
-    run's: ``solar checkpoint list`` and the newest-checkpoint rule read ``checkpoints/step_N`` only."""
-    root = Path(run_dir) / "checkpoints" / SUPERSEDED
-    try:
-        launches = sorted(p for p in root.iterdir() if _RECORD.match(p.name) and p.is_dir())
-    except OSError:
-        return []
-    return [{"launch": launch.name, "step": int(m.group(1)), "path": str(entry)}
-            for launch in launches for entry in sorted(launch.iterdir())
-            if (m := ckpt.STEP_DIR.match(entry.name)) and entry.is_dir()]
-
-
-def superseded_of(path: str | os.PathLike) -> tuple[Path, str] | None:
-    """(run directory, record number) when ``path`` is a checkpoint a rewind moved aside; else None."""
-    p = Path(path)
-    if ckpt.STEP_DIR.match(p.name) and _RECORD.match(p.parent.name) and p.parent.parent.name == SUPERSEDED \
-            and p.parent.parent.parent.name == "checkpoints":
-        return p.parent.parent.parent.parent, p.parent.name
-    return None
 
 
 def _latest_launch_only(ranks: dict[int, Rank], topology: dict) -> None:

@@ -28,9 +28,11 @@ from pathlib import Path
 
 from solar.storage import fence
 from solar.storage.atomic import fsync_dir
+from solar.storage.checkpoints import STEP_DIR
 
 SUPERSEDED = "superseded"
 STEP = re.compile(r"^\.?step_(\d{8})(\..*\.partial)?$")
+_RECORD = re.compile(r"^\d{4}$")
 
 
 @dataclass(frozen=True)
@@ -119,3 +121,26 @@ def apply(plan: Supersede, out: Path, number: int) -> dict:
                       superseded=[Path(m).name for m in plan.moves if m.startswith("checkpoints/")],
                       superseded_dir=f"checkpoints/{SUPERSEDED}/{number:04d}")
     return record
+
+
+def superseded_checkpoints(run_dir: str | os.PathLike[str]) -> list[dict]:
+    """The checkpoints rewinds moved aside, ``checkpoints/superseded/NNNN/step_N`` (NNNN: the rewinding
+    launch's record number), as {launch, step, path}, by launch and step. They are kept, never the
+    run's: ``solar checkpoint list`` and the newest-checkpoint rule read ``checkpoints/step_N`` only."""
+    root = Path(run_dir) / "checkpoints" / SUPERSEDED
+    try:
+        launches = sorted(p for p in root.iterdir() if _RECORD.match(p.name) and p.is_dir())
+    except OSError:
+        return []
+    return [{"launch": launch.name, "step": int(m.group(1)), "path": str(entry)}
+            for launch in launches for entry in sorted(launch.iterdir())
+            if (m := STEP_DIR.match(entry.name)) and entry.is_dir()]
+
+
+def superseded_of(path: str | os.PathLike[str]) -> tuple[Path, str] | None:
+    """(run directory, record number) when ``path`` is a checkpoint a rewind moved aside; else None."""
+    p = Path(path)
+    if STEP_DIR.match(p.name) and _RECORD.match(p.parent.name) and p.parent.parent.name == SUPERSEDED \
+            and p.parent.parent.parent.name == "checkpoints":
+        return p.parent.parent.parent.parent, p.parent.name
+    return None
