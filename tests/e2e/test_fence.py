@@ -76,10 +76,14 @@ def _wait(predicate, seconds: float, what: str, *procs: subprocess.Popen) -> Non
 
 
 def _tree(out: Path) -> dict[str, str]:
-    """Every file and directory under the stage directory, hidden ones included: path -> digest."""
+    """Every file and directory under the stage directory, hidden ones included, path -> digest, but
+    for an atomic write's temporary files (``.<name>.<hex>.tmp``, never read): a rank stopped in the middle
+    of a write leaves one, which it removes when it wakes up stale."""
     found = {}
     for path in sorted(out.rglob("*")):
         rel = path.relative_to(out).as_posix()
+        if path.name.startswith(".") and path.name.endswith(".tmp"):
+            continue
         found[rel] = hashlib.sha256(path.read_bytes()).hexdigest() if path.is_file() else "dir"
     return found
 

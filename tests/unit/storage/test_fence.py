@@ -143,6 +143,38 @@ def test_a_process_of_a_replaced_attempt_leaves_at_its_next_write_with_one_line(
     assert len((out / "events" / "rank-00000.jsonl").read_text().splitlines()) == 1   # its step 1, before
 
 
+MID_WRITE = """
+import sys
+from pathlib import Path
+from solar.storage import atomic, fence
+
+out = Path(sys.argv[1])
+mine = fence.Fence(out, 1, None)
+fence.record(mine)
+fence.arm(mine)
+written = atomic._write_temp
+
+def stopped_while_writing(*args, **kwargs):   # the check before the write passed; attempt 2 takes over meanwhile
+    tmp = written(*args, **kwargs)
+    fence.record(fence.Fence(out, 2, None))
+    return tmp
+
+atomic._write_temp = stopped_while_writing
+atomic.{write}(out / "run-result.json", b"{{}}")
+print("not reached")
+"""
+
+
+@pytest.mark.parametrize("write", ["write_replace", "write_create_only"])
+def test_a_write_whose_attempt_was_replaced_while_it_wrote_publishes_nothing_and_leaves_no_temporary(write, tmp_path):
+    out = tmp_path / "stage"
+    proc = subprocess.run([sys.executable, "-c", MID_WRITE.format(write=write), str(out)], capture_output=True,
+                          text=True, timeout=60)
+    assert proc.returncode == 3 and " is stale: attempt 2 took over " in proc.stderr, proc.stderr
+    assert proc.stdout == ""
+    assert sorted(p.name for p in out.iterdir()) == [fence.FENCE_FILE]
+
+
 def test_a_checkpoint_commit_of_a_replaced_attempt_leaves_before_its_rename(tmp_path):
     code = ("import sys; from pathlib import Path; from solar.storage import checkpoints as ck, fence\n"
             "out = Path(sys.argv[1]); mine = fence.Fence(out, 1, None); fence.record(mine); fence.arm(mine)\n"

@@ -7,8 +7,9 @@ durable=False)`` keeps the atomic rename but skips both fsyncs: for status files
 times a second whose newest version is only meaningful while the machine is up (heartbeats), where
 a process crash still leaves the last whole version in the page cache.
 
-Both check the stage's fence first (``solar.storage.fence.check``: nothing without a fencing token; a
-process of an attempt a newer one replaced leaves there without writing).
+Both check the stage's fence before the temporary file and again before publishing it
+(``solar.storage.fence.check``: nothing without a fencing token; a process of an attempt a newer one
+replaced removes its temporary file and leaves without writing).
 """
 
 from __future__ import annotations
@@ -59,6 +60,7 @@ def write_create_only(path: str | os.PathLike[str], data: bytes, *, what: str = 
     if not target.parent.is_dir():
         raise SolarError(f"{what} {target}: directory {target.parent} does not exist")
     tmp = _write_temp(target, data)
+    fence.check(discard=tmp)
     try:
         os.link(tmp, target)  # fails with FileExistsError if someone else created it meanwhile
     except FileExistsError:
@@ -76,6 +78,7 @@ def write_replace(path: str | os.PathLike[str], data: bytes, *, durable: bool = 
     fence.check()
     target = Path(path)
     tmp = _write_temp(target, data, durable)
+    fence.check(discard=tmp)
     try:
         os.replace(tmp, target)
     except BaseException:

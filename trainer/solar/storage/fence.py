@@ -26,9 +26,12 @@ A check is one read of a file of about 150 bytes (open, read, close, JSON), a fe
 local disk; with the writer lock and the checks on every write it is what makes a stale process
 harmless where flock does not fence across hosts (NFSv4, CephFS, Lustre drop a silent client's locks).
 
-Not covered: a process stopped between a check and the write it guards completes that one write when
-it wakes (the window is the time from the read to the write; the commit's rename is checked right
-before it); a stale process's files that no reader takes for the stage's (a checkpoint's hidden
+An atomic write is checked twice: before its temporary file and again right before the link or
+rename that publishes it (a stale process then removes its temporary file and leaves), so a process
+stopped while writing (a silent node's ranks freeze anywhere) publishes nothing when it wakes.
+
+Not covered: a process stopped between the last check and the system call it guards (a read of the
+fence file apart) completes that one call when it wakes; a stale process's files that no reader takes for the stage's (a checkpoint's hidden
 ``.partial`` directory it was writing, its console output) stay; the file is read with the
 filesystem's own consistency (NFS: close-to-open, which revalidates at each open).
 """
@@ -186,15 +189,21 @@ def armed() -> Fence | None:
     return _ARMED
 
 
-def check() -> None:
+def check(discard: str | os.PathLike[str] | None = None) -> None:
     """Before a write the stage's readers see: nothing without an armed fence; a stale process leaves
-    here (one line on its stderr, ``STALE_EXIT``). A file that records an older attempt of the stage
-    (two launches that recorded at once) gets this launch's token again."""
+    here (one line on its stderr, ``STALE_EXIT``), removing ``discard`` first (the hidden temporary file
+    of the write it was about to publish). A file that records an older attempt of the stage (two
+    launches that recorded at once) gets this launch's token again."""
     fence = _ARMED
     if fence is None:
         return
     doc = fence.current()
     if fence.stale(doc):
+        if discard is not None:
+            try:
+                os.unlink(discard)
+            except OSError:
+                pass
         exit_stale(fence, doc)
     if doc is not None and doc["token"] < fence.token:
         fence._write()
