@@ -353,9 +353,9 @@ class EventLog:
         self._handle = open(self.path, "a", encoding="utf-8")  # noqa: SIM115 (closed in close())
 
     def write(self, event: str, durable: bool = False, **fields) -> None:
-        fence.check()
-        record = {"event": event, "time": time.time(), **fields}
-        self._handle.write(json.dumps(record, sort_keys=True, allow_nan=True) + "\n")
+        line = json.dumps({"event": event, "time": time.time(), **fields}, sort_keys=True, allow_nan=True) + "\n"
+        fence.check()   # right before the write it guards
+        self._handle.write(line)
         self._handle.flush()
         if durable:
             os.fsync(self._handle.fileno())
