@@ -122,13 +122,60 @@ def test_stage2_names_both_roles_on_a_student_step(capsys, clock):
     """A Stage2 step names the critic's loss, grad and lr, and on a step that updates the student its
     loss (the mean over ranks), grad and lr beside them."""
     progress = Progress(True, total=10, start=0, every=1)
-    critic_only = _event(5, student_updated=False, loss=0.4, loss_mean=0.25, grad_norm=0.5, lr=1e-3)
-    student = _event(6, student_updated=True, student_loss=0.9, student_loss_mean=0.75, student_grad_norm=0.125,
+    critic_only = _event(5, student_updated=False, student_step=0, loss=0.4, loss_mean=0.25, grad_norm=0.5, lr=1e-3)
+    student = _event(6, student_updated=True, student_step=1, student_loss=0.9, student_loss_mean=0.75, student_grad_norm=0.125,
                      student_lr=2e-6, loss_mean=0.25, grad_norm=0.5, lr=1e-3, losses={"critic": 0.4, "student": 0.9})
     for event in (critic_only, student):
         clock[0] += 1.0
         progress.show(event)
     lines = _lines(capsys)
-    assert lines[0] == "solar: step 5/10 critic loss 0.2500 grad 0.5 lr 0.001 0.50s/step"
+    assert lines[0] == "solar: step 5/10 critic loss 0.2500 grad 0.5 lr 0.001 student no update yet 0.50s/step"
     assert lines[1] == ("solar: step 6/10 critic loss 0.2500 grad 0.5 lr 0.001 student loss 0.7500 grad 0.125 lr 2e-06 "
-                        "0.50s/step")
+                        "(update 1) 0.50s/step")
+
+
+def _stage2_event(step: int, ratio: int, updates: list) -> dict:
+    """Step ``step`` of a Stage2 run whose student updates every ``ratio`` steps from ratio + 1 on
+    (``dmd.student_updates``); ``updates`` collects (update, step, the mean over ranks) of each."""
+    from solar.objectives import dmd
+
+    event = _event(step, student_updated=False, loss=0.4, loss_mean=2.0 + step / 1000,
+                   student_step=dmd.student_step_after(step, ratio))
+    if dmd.student_updates(step, ratio):
+        mean = 0.05 + step / 10_000
+        event.update(student_updated=True, student_loss=mean + 0.01, student_loss_mean=mean, student_grad_norm=0.25,
+                     student_lr=1e-5)
+        updates.append((event["student_step"], step, mean))
+    return event
+
+
+@pytest.mark.parametrize("every, ratio", [(5, 3), (10, 5), (4, 5), (7, 2)])
+def test_stage2_every_line_names_the_students_latest_loss_and_its_update(capsys, clock, every, ratio):
+    """The released cadences print every 5, 10, 50 or 100 steps and the student updates every 5th:
+    with ``log_every`` not a multiple of the interval, every line still names the student's latest
+    loss (the mean over ranks) and the update and step it came from."""
+    progress, updates, seen = Progress(True, total=40, start=0, every=every), [], []
+    for step in range(1, 41):
+        clock[0] += 1.0
+        progress.show(_stage2_event(step, ratio, updates))
+        for line in _lines(capsys):
+            seen.append(line)
+            number = int(re.match(r"solar: step (\d+)/", line).group(1))
+            done = [u for u in updates if u[1] <= number]
+            if not done:
+                assert " student no update yet " in line, line
+                continue
+            update, at, mean = done[-1]
+            if at == number:   # the step updated it: grad and lr too
+                assert f" student loss {mean:.4f} grad 0.25 lr 1e-05 (update {update}) " in line, line
+            else:
+                assert f" student loss {mean:.4f} (update {update}, step {at}) " in line, line
+    assert len(seen) == 40 // every + (40 % every > 0)
+    assert any("student loss" in line and ", step " in line for line in seen)   # off-update lines were printed
+
+
+def test_stage2_resumed_launch_names_the_update_before_its_first_own():
+    from solar.train.engine import roles_text
+
+    event = {"step": 21, "student_updated": False, "loss_mean": 2.0, "grad_norm": 0.5, "lr": 1e-3, "student_step": 4}
+    assert roles_text(event).endswith(" student update 4 (its loss before this launch)")

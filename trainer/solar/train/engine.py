@@ -523,7 +523,16 @@ class Progress:
     A Stage2 step names each role it updated, the critic's first (every step) and the student's
     beside it on a step that updates the student (losses are means over the ranks)::
 
-        solar: step 6/400 critic loss 0.1234 grad 0.421 lr 2e-06 student loss 0.5678 grad 0.31 lr 2e-06 ...
+        solar: step 6/400 critic loss 0.1234 grad 0.421 lr 2e-06 student loss 0.5678 grad 0.31 lr 2e-06 (update 1) ...
+
+    and on every other line the student's latest loss and the update it came from (the student
+    updates every ``train.sgf.critic_updates_per_student`` steps from step ratio + 1 on, and
+    ``runtime.log_every`` need not fall on those steps)::
+
+        solar: step 10/400 critic loss 0.1234 grad 0.421 lr 2e-06 student loss 0.5678 (update 1, step 6) ...
+
+    Before the launch's first student update the line names the update the run is at (a resumed
+    run's latest student loss is in its events, not in this launch).
 
     tok/s and mfu per GPU (every logical DP rank's clips of the step over the world size; MFU prices
     a clip at one forward+backward, ``Loop.flops_per_clip``), mem the step's peak GPU memory
@@ -543,16 +552,20 @@ class Progress:
         self.last = time.perf_counter()
         self.early: list[float] = []                               # the first ``warmup`` intervals
         self.recent: collections.deque[float] = collections.deque(maxlen=window)
+        self.student: dict | None = None                          # Stage2: the latest student update seen
 
     def show(self, event: dict) -> None:
         now = time.perf_counter()
         (self.early if len(self.early) < self.warmup else self.recent).append(now - self.last)
         self.last = now
         step = event["step"]
+        if event.get("student_updated"):
+            self.student = {"loss": event.get("student_loss_mean", event.get("student_loss")),
+                            "update": event.get("student_step"), "step": step}
         if not self.enabled or (step % self.every and step != self.total):
             return
         seconds = event["step_seconds"]
-        parts = [f"solar: step {step}/{self.total} {roles_text(event)} {seconds:.2f}s/step"]
+        parts = [f"solar: step {step}/{self.total} {roles_text(event, self.student)} {seconds:.2f}s/step"]
         clips = len(event.get("samples") or []) * self.dp_world
         if clips and seconds > 0 and self.tokens_per_clip:
             parts.append(f"{self.tokens_per_clip * clips / self.world / seconds:,.0f} tok/s")
@@ -568,16 +581,24 @@ class Progress:
         sys.stderr.flush()
 
 
-def roles_text(event: dict) -> str:
+def roles_text(event: dict, student: dict | None = None) -> str:
     """``loss L grad G lr R`` of a single-model step; for a Stage2 step (its event has
-    ``student_updated``) the critic's and, when it updated, the student's, each named."""
+    ``student_updated``) the critic's and the student's, each named: the student's loss, grad and
+    lr when it updated at this step, else ``student`` (its latest update: loss, update number,
+    step; ``Progress.student``), else the update the run is at."""
     if "student_updated" not in event:
         return f"loss {event['loss_mean']:.4f} grad {event['grad_norm']:.3g} lr {event['lr']:.3g}"
     text = f"critic loss {event['loss_mean']:.4f} grad {event['grad_norm']:.3g} lr {event['lr']:.3g}"
     if event["student_updated"]:
-        student = event.get("student_loss_mean", event["student_loss"])
-        text += (f" student loss {student:.4f} grad {event['student_grad_norm']:.3g} "
-                 f"lr {event['student_lr']:.3g}")
+        loss = event.get("student_loss_mean", event["student_loss"])
+        text += (f" student loss {loss:.4f} grad {event['student_grad_norm']:.3g} "
+                 f"lr {event['student_lr']:.3g} (update {event.get('student_step')})")
+    elif student is not None and student.get("loss") is not None:
+        text += f" student loss {student['loss']:.4f} (update {student['update']}, step {student['step']})"
+    elif event.get("student_step"):
+        text += f" student update {event['student_step']} (its loss before this launch)"
+    else:
+        text += " student no update yet"
     return text
 
 
