@@ -47,6 +47,8 @@ def env(run: dict, spec: SolarRunSpec, plan: StagePlan, attempt: int) -> list[di
             # recorded in run-result.json: evidence of another run is recognised (run/observe.py)
             {"name": "SOLAR_RUN_UID", "value": run["metadata"].get("uid", "")},
             {"name": "SOLAR_RUN_STAGE", "value": plan.name},
+            # the MLflow experiment's default name and its runs' solar.run tag (solar.train.tracking)
+            {"name": "SOLAR_RUN_NAME", "value": run["metadata"].get("name", "")},
             # the attempt's fencing token (solar.storage.fence): a process of a replaced attempt that
             # wakes up (a healed partition, a kubelet that died with its containers running) writes nothing
             {"name": ATTEMPT_ENV, "value": str(attempt)},

@@ -69,10 +69,10 @@ def test_every_pod_setting_reaches_the_pods_and_the_job_validates_strictly(kind)
         validator.validate(job)
         pod, container, env = _pod(kind, job)
         names = [e["name"] for e in env]
-        assert names[:7] == ["SOLAR_METRICS_PORT", "PYTHONUNBUFFERED", "SOLAR_RUN_UID", "SOLAR_RUN_STAGE",
-                             "SOLAR_ATTEMPT", "TORCHINDUCTOR_CACHE_DIR", "TRITON_CACHE_DIR"]
-        assert env[4] == {"name": "SOLAR_ATTEMPT", "value": "1"}   # the attempt's fencing token
-        assert env[7:] == SETTINGS["env"]  # the secret reference travels as it is
+        assert names[:8] == ["SOLAR_METRICS_PORT", "PYTHONUNBUFFERED", "SOLAR_RUN_UID", "SOLAR_RUN_STAGE",
+                             "SOLAR_RUN_NAME", "SOLAR_ATTEMPT", "TORCHINDUCTOR_CACHE_DIR", "TRITON_CACHE_DIR"]
+        assert env[5] == {"name": "SOLAR_ATTEMPT", "value": "1"}   # the attempt's fencing token
+        assert env[8:] == SETTINGS["env"]  # the secret reference travels as it is
         assert pod["imagePullSecrets"] == [{"name": "registry"}] and pod["serviceAccountName"] == "solar-trainer"
         assert pod["securityContext"] == {"fsGroup": 10001, "runAsNonRoot": True}
         assert pod["nodeSelector"] == {"gpu": "h200"} and pod["tolerations"] == SETTINGS["tolerations"]

@@ -88,6 +88,7 @@ class Loop:
     save_clock: SaveClock | None = None   # runtime.save_every_seconds on rank 0's clock (run())
     save_notes: dict = field(default_factory=dict)  # step -> fields its checkpoint event adds (why it saved)
     term: str = "fm"
+    tracking: object = None   # rank 0's TensorBoard and MLflow (solar.train.tracking.Tracking)
 
     # --- one step ---------------------------------------------------------------------------
     def micro_batches(self, step: int) -> tuple[torch.Tensor, list[dict], tuple[str, str] | None]:
@@ -362,6 +363,8 @@ class Loop:
         self.events.write("checkpoint", durable=True, step=step, path=str(final), **timing,
                           **self.save_notes.pop(step, {}))
         self.checkpoints.append({"step": step, "path": str(final)})
+        if self.tracking is not None:
+            self.tracking.committed(step)
         if self.metrics is not None:
             self.metrics.save_seconds.observe(seconds if blocking is None else blocking)
             self.metrics.last_checkpoint.set(step)
@@ -459,6 +462,8 @@ class Loop:
         summary["seconds"] = time.perf_counter() - started
         self.validations.append(summary)
         self.events.write("validation", durable=True, **summary)
+        if self.tracking is not None:
+            self.tracking.validation(summary)
         if d.rank == 0:
             sys.stderr.write(f"solar: validation step {step} {summary['status']}: {summary['ok_slots']}/"
                              f"{summary['slots']} slots ok ({summary['seconds']:.1f}s)\n")
@@ -486,6 +491,8 @@ class Loop:
         for step in range(start + 1, max_steps + 1):
             prof = profiler.start(step)
             event = self.step(step)
+            if self.tracking is not None:
+                self.tracking.step(event)
             profiler.finish(prof, step, event["step_seconds"])
             if slow:
                 time.sleep(slow)

@@ -79,6 +79,12 @@ def train(config: str, sets: Sequence[str]) -> int:
             if d.rank == 0:
                 print(f"solar: FP8 linear layers on ({cfg.model.fp8_linear}, torchao): {parts.fp8_linears} converted",
                       file=sys.stderr)
+        from solar.train.tracking import open_tracking
+
+        loop.tracking = open_tracking(resolved, out, rank=d.rank, start=parts.start_step, dp_world=d.dp_world,
+                                      world=d.world, tokens_per_clip=loop.tokens_per_sample,
+                                      flops_per_clip=loop.flops_per_clip if loop.peak_flops else 0.0,
+                                      peak_flops=loop.peak_flops, started=session.started)
         status = loop.run()
     except BaseException as exc:  # noqa: BLE001 - every failure ends in run-result.json
         session.failed(exc)
@@ -87,8 +93,13 @@ def train(config: str, sets: Sequence[str]) -> int:
             loop.metrics.close()
         if loop is not None:
             loop.parts.stream.close()   # the clip read ahead (solar.data.prefetch)
+        tracking = loop.tracking if loop is not None else None
+        if tracking is not None:
+            tracking.finish(status if session.error is None else "failed")
         session.close(status, final=loop.last if loop and loop.last else None,
                       checkpoints=loop.checkpoints if loop else [], validations=loop.validations if loop else [])
+        if tracking is not None:
+            tracking.upload_result(out)   # the completion report, once written
     session.raise_failure()
     if d.rank == 0:
         print(f"solar: {_summary(status, loop, cfg.train.max_steps)} -> {out}", file=sys.stderr)
