@@ -447,7 +447,8 @@ Exit status:
     diagnose_p.set_defaults(func=cmd_diagnose)
 
     report_p = verbs.add_parser("report", help="the completion report of a run (text, JSON, HTML)")
-    report_p.add_argument("run_dir", metavar="RUN_DIR", help="a run's runtime.output_dir")
+    report_p.add_argument("run_dir", metavar="RUN_DIR", help="a run's runtime.output_dir, or a SolarRun's root "
+                          "(where solar run puts its stages): each stage reported")
     report_p.add_argument("--json", action="store_true", help="solar.report.v1 JSON instead of text")
     report_p.add_argument("--html", metavar="PATH", help="also write a self-contained HTML page (create-only)")
     report_p.set_defaults(func=cmd_report)

@@ -42,8 +42,11 @@ def test_an_interruption_ended_by_a_rewind_counts_until_the_first_step_past_the_
     [gap] = build(run.root)["shape"]["interruptions"]
     assert (gap["after_launch"], gap["durable_step"], gap["rewound_to"], gap["resumed_by"], gap["recovered_step"],
             gap["seconds"]) == (1, 4, 4, 2, 5, 96.0)
-    assert interruption_text(gap) == ("complete after step 8 (rewound to step 4 by launch 2): 4 steps redone, "
-                                      "96.0 s until step 5 in launch 2")
+    # the run had completed: going back and on was a person's choice, not time lost
+    assert gap["chosen"] and gap["pause"][1] - gap["pause"][0] == 91.0
+    assert interruption_text(gap) == ("complete after step 8 (rewound to step 4 by launch 2): continued after a pause "
+                                      "of 91.0 s: 4 steps redone, 96.0 s until step 5 in launch 2 (a person's choice, "
+                                      "not counted as time lost)")
 
 
 def test_a_launch_that_rewound_and_trained_nothing_is_placed_after_the_rewind(tmp_path):

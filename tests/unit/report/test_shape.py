@@ -102,7 +102,8 @@ def test_a_killed_launch_costs_until_a_later_one_trains_past_its_newest_checkpoi
     gaps = shape.interruptions(_shapes([first, second]), [first, second])
     assert gaps == [{"after_launch": 1, "previous_end": "killed", "error_type": None, "last_step": 37,
                      "began": T0 + 37, "durable_step": 30, "steps_redone": 7, "through": [], "resumed_by": 2,
-                     "recovered_step": 31, "recovered_at": T0 + 89.3, "seconds": 52.3, "rewound_to": None}]
+                     "recovered_step": 31, "recovered_at": T0 + 89.3, "seconds": 52.3, "rewound_to": None,
+                     "chosen": False, "pause": None}]
     assert interruption_text(gaps[0]) == \
         "killed after step 37 (checkpoint 30): 7 steps redone, 52.3 s until step 31 in launch 2"
 

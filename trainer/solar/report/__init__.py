@@ -24,7 +24,7 @@ from solar.errors import SolarError
 from solar.report import shape
 from solar.storage.run_dir import launch_records
 from solar.report.html import (code_text, environment_text, final_text, interruption_text,
-                               launch_text, lost_text, shape_text, superseded_text, weights_text)
+                               launch_text, lost_text, shape_text, superseded_text, usage_text, weights_text)
 
 SCHEMA = "solar.report.v1"
 
@@ -190,8 +190,26 @@ def _weights(config: dict, launch: dict) -> dict:
             "passes": [{"name": p.get("name"), "weights": p.get("weights")} for p in passes if isinstance(p, dict)]}
 
 
+def stage_dirs(root: Path) -> list[Path]:
+    """A SolarRun's root (``solar run``'s ``<workdir>/<name>``, the operator's ``<storage>/<run>``):
+    its stage directories that hold a run (a launch record), in the order its ``status.json`` lists
+    the stages, then any other by name; [] for any other directory (a run directory among them)."""
+    if not root.is_dir() or (root / "launch-manifest.json").is_file():
+        return []
+    held = {p.name: p for p in root.iterdir() if p.is_dir() and (p / "launch-manifest.json").is_file()}
+    order = [st.get("name") for st in ((_json(root / "status.json") or {}).get("stages") or [])
+             if isinstance(st, dict)]
+    return [held[n] for n in order if n in held] + [held[n] for n in sorted(held) if n not in order]
+
+
 def build(run_dir: str | os.PathLike) -> dict:
+    """The report of a run directory; of a SolarRun's root (``stage_dirs``), each stage's report in
+    ``stages`` (each with its ``stage`` name)."""
     root = Path(run_dir)
+    stages = stage_dirs(root)
+    if stages:
+        return {"schema": SCHEMA, "run_root": str(root), "name": root.name,
+                "stages": [{"stage": d.name, **build(d)} for d in stages]}
     ev = gather(root, now=__import__("time").time())
     if ev.launch is None:
         raise SolarError(f"{root} has no launch-manifest.json: nothing to report (RUN_DIR is a run's "
@@ -262,6 +280,10 @@ def _generation_summary(diagnosis: dict, outputs: list[dict]) -> str:
 
 
 def render_text(report: dict) -> str:
+    if "stages" in report:   # a SolarRun's root: each stage's report in turn
+        head = (f"SolarRun {report['name']} ({report['run_root']}): {len(report['stages'])} stage(s): "
+                + ", ".join(st["stage"] for st in report["stages"]))
+        return "\n\n".join([head, *(f"stage {st['stage']}: " + render_text(st) for st in report["stages"])])
     topo = report["topology"]
     lines = [f"{report['name']}: {report['action']} {report['route']} — {report['status']}",
              f"  code {code_text(report.get('code'))}; {environment_text(report['environment'])}",
@@ -275,10 +297,7 @@ def render_text(report: dict) -> str:
         lines.append(f"  final {final}")
     usage = report.get("usage") or {}
     if usage.get("attempts"):
-        attempts = ", ".join(f"{a.get('status')} {a.get('gpu_seconds', 0) / 3600:.4f} h on {a.get('world_size')} "
-                             f"{a.get('device', 'gpu')}" for a in usage["attempts"])
-        lines.append(f"  GPU time: {usage.get('gpu_seconds', 0) / 3600:.4f} GPU-hours in {len(usage['attempts'])} "
-                     f"launch(es): {attempts}")
+        lines.append(f"  {usage_text(usage)}")
     if len(report["launches"]) > 1:
         lines += [f"  launch {launch['launch']}: {launch_text(launch)}" for launch in report["launches"]]
         run_shape = report.get("shape") or {}
@@ -313,7 +332,7 @@ def render_html(report: dict, path: str | os.PathLike) -> None:
     target = Path(path)
     if target.exists():
         raise SolarError(f"--html {target} exists; reports are never overwritten (choose a new path)")
-    write_create_only(target, page(report).encode("utf-8"), what="report")
+    write_create_only(target, page(report, target.parent).encode("utf-8"), what="report")
 
 
-__all__ = ["build", "render_html", "render_text"]
+__all__ = ["build", "render_html", "render_text", "stage_dirs"]

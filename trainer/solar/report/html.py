@@ -17,12 +17,15 @@ import base64
 import html
 import io
 import math
+import os
 from pathlib import Path
 
 PLOT_W, PLOT_H = 520, 240
-TIMELINE_W, TIMELINE_H = PLOT_W * 2 + 20, 124
+TIMELINE_W, TIMELINE_H = PLOT_W * 2 + 20, 140
 FONT = 11  # px, the plots' text size (CSS below)
 THUMBS_PER_PASS = 4
+EMBEDDED_OUTPUTS = 4         # validation steps whose thumbnails are embedded; the others are linked
+THUMB_BUDGET = 3_500_000     # bytes of embedded thumbnails (data URIs) at most, whatever their size
 STUDENT = "#db2777"  # Stage2: the student's series in every plot
 LAUNCH = "#dc2626"
 
@@ -165,9 +168,18 @@ def shape_text(s: dict) -> str:
     return f"{world_text(s)}, {steps}{ran}, {end_text(s['end'], s['error_type'])}"
 
 
+def span_text(seconds: float) -> str:
+    """A long duration in the unit that reads: ``42.0 s``, ``12.5 min``, ``3.2 h``, ``7.0 d``."""
+    for unit, size in (("d", 86400.0), ("h", 3600.0), ("min", 60.0)):
+        if seconds >= 2 * size:
+            return f"{seconds / size:.1f} {unit}"
+    return _seconds(seconds)
+
+
 def interruption_text(g: dict) -> str:
     """An interruption (``shape.interruptions``): how the launch before it ended, where, what was
-    repeated and how long until a later launch trained past the newest checkpoint."""
+    repeated and how long until a later launch trained past the newest checkpoint; after a launch
+    that completed, the extension a person chose (not time lost)."""
     where = (f"after step {g['last_step']}" if g.get("last_step") is not None else "before its first step") \
         + (f" (rewound to step {g['rewound_to']} by launch {g['resumed_by']})" if g.get("rewound_to") is not None
            and g["resumed_by"] is not None else f" (checkpoint {g['durable_step']})" if g["durable_step"]
@@ -179,25 +191,39 @@ def interruption_text(g: dict) -> str:
         past = f"past step {g['durable_step']}" if g["durable_step"] else "a step"
         return f"{parts[0]}: not recovered (no later launch trained {past})"
     until = f"until step {g['recovered_step']} in launch {g['resumed_by']}"
-    parts.append(f"{_seconds(g['seconds'])} {until}" if g["seconds"] is not None else f"{until} (time not recorded)")
+    took = span_text if g.get("chosen") else _seconds   # an extension may come days later
+    parts.append(f"{took(g['seconds'])} {until}" if g["seconds"] is not None else f"{until} (time not recorded)")
     through = g["through"]
     if through:
         parts.append(f"launch{'es' if len(through) > 1 else ''} {', '.join(map(str, through))} ended before "
                      f"getting there")
+    if g.get("chosen"):   # the run had completed: a person extended it (or took it back on purpose)
+        pause = g.get("pause")
+        paused = f" after a pause of {span_text(pause[1] - pause[0])}" if pause else ""
+        return f"{parts[0]}: continued{paused}: " + ", ".join(parts[1:]) + \
+            " (a person's choice, not counted as time lost)"
     return f"{parts[0]}: " + ", ".join(parts[1:])
 
 
 def lost_text(shape_doc: dict) -> str:
-    """The seconds all interruptions cost, by how the launch before each ended (``shape.build``)."""
-    gaps = shape_doc["interruptions"]
+    """The seconds all interruptions cost, by how the launch before each ended (``shape.build``);
+    the extensions after a completed launch are a person's choice, named apart and not counted."""
+    chosen = [g for g in shape_doc["interruptions"] if g.get("chosen")]
+    gaps = [g for g in shape_doc["interruptions"] if not g.get("chosen")]
     counted = [g for g in gaps if g["seconds"] is not None]
     left = len(gaps) - len(counted)
+    extended = (f"{len(chosen)} extension{'s' if len(chosen) != 1 else ''} after a completed launch not counted "
+                f"({span_text(shape_doc.get('chosen_seconds') or 0.0)}, a person's choice)") if chosen else ""
+    if not counted and not left:
+        return f"none; {extended}" if extended else "none"
     if not counted:
-        return f"none counted ({left} interruption{'s' if left != 1 else ''} not recovered or not timed)"
+        return f"none counted ({left} interruption{'s' if left != 1 else ''} not recovered or not timed)" \
+            + (f"; {extended}" if extended else "")
     by_end = ", ".join(f"{end} {_seconds(seconds)}" for end, seconds in shape_doc["lost_by_end"].items())
     text = f"{_seconds(shape_doc['lost_seconds'])} in {len(counted)} interruption{'s' if len(counted) != 1 else ''}" \
         f" ({by_end})"
-    return text + (f"; {left} more not counted (not recovered or not timed)" if left else "")
+    return text + (f"; {left} more not counted (not recovered or not timed)" if left else "") \
+        + (f"; {extended}" if extended else "")
 
 
 # -- plots ------------------------------------------------------------------------------------------
@@ -277,24 +303,35 @@ def _launch_markers(launches: list[dict]) -> list[dict]:
     return out
 
 
-def _marker_svg(m: dict, x: float, top: float, bottom: float, label: tuple[float, float] | None) -> str:
-    """A launch's dashed line at x with its label centred at ``label`` (left out when thinned)."""
-    text = (f'<text class="marker-label" x="{label[0]:.1f}" y="{label[1]}" text-anchor="middle">'
-            f'{_esc(m["label"])}</text>') if label else ""
+def _marker_svg(m: dict, x: float, top: float, bottom: float, label: tuple[float, float, bool] | None) -> str:
+    """A launch's dashed line at x with its label centred at ``label`` (x, y, whether it lies over
+    the plot: then with a white halo; left out when there was no room)."""
+    text = (f'<text class="marker-label{" inner" if label[2] else ""}" x="{label[0]:.1f}" y="{label[1]}" '
+            f'text-anchor="middle">{_esc(m["label"])}</text>') if label else ""
     return (f'<g class="launch-marker" data-launch="{m["launch"]}" data-step="{m["step"]}"><title>{_esc(m["title"])}'
             f'</title><line x1="{x:.1f}" y1="{top}" x2="{x:.1f}" y2="{bottom}" stroke="{LAUNCH}" stroke-width="1.2" '
             f'stroke-dasharray="4 3"/>{text}</g>')
 
 
-def _marker_labels(marks: list[dict], xs: list[float], lo: float, hi: float, beside: bool) -> dict[str, float]:
-    """Each marker label's centre, beside its line (right of it where it fits) or under it, thinned."""
-    centres = []
+def _marker_labels(marks: list[dict], xs: list[float], lo: float, hi: float, rows: list[tuple[float, bool]],
+                   beside: bool, gap: float = 6) -> dict[int, tuple[float, float, bool]]:
+    """Each launch's label (x centre, y, over the plot), placed where there is room: on the first of
+    ``rows`` (y, over the plot) where it overlaps no label placed before it, beside its line (right
+    of it, else left) or centred under it. A label with no room anywhere is left out (the line's
+    tooltip still names the launch)."""
+    placed: dict[int, list[tuple[float, float]]] = {i: [] for i in range(len(rows))}
+    out = {}
     for m, x in zip(marks, xs):
         half = _width(m["label"]) / 2
-        if beside:
-            x = x + 3 + half if x + 3 + 2 * half <= hi else x - 3 - half
-        centres.append((x, m["label"]))
-    return {text: centre for centre, text in _thin(centres, lo, hi)}
+        centres = [x + 3 + half, x - 3 - half] if beside else [x]
+        for i, (y, inner) in enumerate(rows):
+            spot = next((c for c in (min(max(c, lo + half), hi - half) for c in centres)
+                         if all(c + half + gap <= a or b + gap <= c - half for a, b in placed[i])), None)
+            if spot is not None:
+                placed[i].append((spot - half, spot + half))
+                out[m["launch"]] = (spot, y, inner)
+                break
+    return out
 
 
 def line_plot(title: str, series: list[dict], markers: list[dict] = ()) -> str:
@@ -341,16 +378,66 @@ def line_plot(title: str, series: list[dict], markers: list[dict] = ()) -> str:
     for s in lines:
         parts += _curve(s, sx, sy)
     xs = [sx(m["x"]) for m in marks]
-    labels = _marker_labels(marks, xs, left, right, beside=True)
-    parts += [_marker_svg(m, x, top - 4, bottom, (labels[m["label"]], top - 8) if m["label"] in labels else None)
-              for m, x in zip(marks, xs)]
+    labels = _marker_labels(marks, xs, left, right, [(top - 8, False), (top + 12, True), (top + 26, True)],
+                            beside=True)
+    parts += [_marker_svg(m, x, top - 4, bottom, labels.get(m["launch"])) for m, x in zip(marks, xs)]
     return "".join(parts) + "</svg>"
 
 
+def decimate(xy: list[tuple[float, float]], width: float = 1.0) -> list[tuple[float, float]]:
+    """Screen points thinned to what a line through them shows: per ``width`` px column the first,
+    lowest, highest and last point, in order (a spike stays; 30,000 steps become a few hundred
+    columns of at most four points each)."""
+    if len(xy) <= 8:
+        return list(xy)
+    out, column = [], []
+
+    def flush():
+        if column:
+            keep = {0, len(column) - 1, min(range(len(column)), key=lambda i: column[i][1]),
+                    max(range(len(column)), key=lambda i: column[i][1])}
+            out.extend(column[i] for i in sorted(keep))
+
+    edge = None
+    for x, y in xy:
+        col = math.floor(x / width)
+        if col != edge:
+            flush()
+            column, edge = [], col
+        column.append((x, y))
+    flush()
+    return out
+
+
+def _stairs(xy: list[tuple[float, float]]) -> list[tuple[float, float]]:
+    """A value held until the next one, which begins halfway between the two points: a change
+    (an lr accepted at a resume) is a step, not a ramp from one step to the next."""
+    out = []
+    for i, (x, y) in enumerate(xy):
+        if i:
+            mid = (xy[i - 1][0] + x) / 2
+            out += [(mid, xy[i - 1][1]), (mid, y)]
+        out.append((x, y))
+    return out
+
+
+def _points(xy: list[tuple[float, float]]) -> str:
+    """SVG points, a point drawn where the one before it was left out."""
+    out: list[str] = []
+    for x, y in xy:
+        text = f"{x:.1f},{y:.1f}"
+        if not out or out[-1] != text:
+            out.append(text)
+    return " ".join(out)
+
+
 def _curve(s: dict, sx, sy) -> list[str]:
-    """One series: its raw points, and over them (when smoothed) the EMA as the solid line."""
+    """One series: its raw points, and over them (when smoothed) the EMA as the solid line; a
+    ``stairs`` series (the learning rate) held between its points; long series decimated to
+    the plot's pixel columns (``decimate``)."""
     pts, color, cls = s["points"], s["color"], _esc(s["name"])
-    raw = " ".join(f"{sx(x):.1f},{sy(y):.1f}" for x, y in pts)
+    screen = [(sx(x), sy(y)) for x, y in pts]
+    raw = _points(decimate(_stairs(screen) if s.get("stairs") else screen))
     if not s.get("smooth"):
         out = [f'<polyline class="series {cls}" points="{raw}" fill="none" stroke="{color}" stroke-width="2"/>']
         if len(pts) <= 60:
@@ -359,7 +446,7 @@ def _curve(s: dict, sx, sy) -> list[str]:
     if len(pts) < 2:   # no line to draw yet (Stage2's student after its first update): a solid point
         return [f'<circle class="series {cls}" cx="{sx(x):.1f}" cy="{sy(y):.1f}" r="3.5" fill="{color}"/>'
                 for x, y in pts]
-    smooth = " ".join(f"{sx(x):.1f},{sy(y):.1f}" for (x, _), y in zip(pts, ema([y for _, y in pts], s["weight"])))
+    smooth = _points(decimate([(sx(x), sy(y)) for (x, _), y in zip(pts, ema([y for _, y in pts], s["weight"]))]))
     out = [f'<polyline class="raw {cls}" points="{raw}" fill="none" stroke="{color}" stroke-opacity="0.3" '
            f'stroke-width="1"/>']
     if len(pts) <= 60:
@@ -418,9 +505,8 @@ def timeline(checkpoints: list[dict], validations: list[dict], launches: list[di
         parts.append(f'<line x1="{sx(t):.1f}" y1="{axis}" x2="{sx(t):.1f}" y2="{axis + 3}" class="axis"/>'
                      f'<text class="xtick" x="{sx(t):.1f}" y="{axis + 30}" text-anchor="middle">{t}</text>')
     xs = [sx(m["x"]) for m in marks]
-    labels = _marker_labels(marks, xs, 0, w, beside=False)
-    parts += [_marker_svg(m, x, axis - 16, axis + 16, (labels[m["label"]], axis + 48) if m["label"] in labels else None)
-              for m, x in zip(marks, xs)]
+    labels = _marker_labels(marks, xs, 0, w, [(axis + 46, False), (axis + 60, False)], beside=False)
+    parts += [_marker_svg(m, x, axis - 16, axis + 16, labels.get(m["launch"])) for m, x in zip(marks, xs)]
     parts.append(f'<text x="{w / 2}" y="{h - 5}" text-anchor="middle" class="label">step</text>')
     return "".join(parts) + "</svg>"
 
@@ -430,57 +516,104 @@ def _time_unit(span: float) -> tuple[str, float]:
     return ("s", 1.0) if span <= 600 else ("min", 60.0) if span <= 36000 else ("h", 3600.0)
 
 
+BREAK_W = 26  # px: a pause cut out of the wall-time axis
+
+
+class _WallAxis:
+    """Wall time onto x with each pause (``[from, to]``: a completed launch's end to its extension's
+    start) cut out and drawn as a break ``BREAK_W`` px wide: a week's pause neither squashes the
+    launches around it nor reads as training time. ``t`` values are epoch seconds; ``ticks`` are
+    in the unit of the time left after the cuts."""
+
+    def __init__(self, t0: float, t1: float, pauses: list[list[float]], left: float, right: float) -> None:
+        self.t0, self.left = t0, left
+        self.cuts = sorted((max(a, t0), min(b, t1)) for a, b in pauses if b > a and a < t1 and b > t0)
+        self.unit, self.scale = _time_unit(self.shown(t1))
+        self.span = max(self.shown(t1) / self.scale, 1e-9)
+        self.width = max(right - left - BREAK_W * len(self.cuts), 1.0)
+
+    def shown(self, t: float) -> float:
+        """Seconds since t0 less the pauses before t."""
+        return t - self.t0 - sum(min(max(t - a, 0.0), b - a) for a, b in self.cuts)
+
+    def x(self, t: float) -> float:
+        before = sum(1.0 if t >= b else max(0.0, (t - a) / (b - a)) for a, b in self.cuts if t > a)
+        return self.left + self.shown(t) / self.scale / self.span * self.width + BREAK_W * before
+
+    def tick_x(self, value: float) -> float:
+        """x of ``value`` (in the unit) on the axis: after every break whose place it is past."""
+        places = [self.shown(a) / self.scale for a, _ in self.cuts]
+        return self.left + value / self.span * self.width + BREAK_W * sum(1 for p in places if value > p)
+
+    def breaks(self) -> list[tuple[float, float, float, float]]:
+        """Each cut: (x where it begins, x where it ends, from, to)."""
+        return [(self.x(a), self.x(b), a, b) for a, b in self.cuts]
+
+
 def shape_chart(shape_doc: dict) -> str:
     """The run's shape over wall time: each launch a step of its world size from its start to its
     last event (labelled above the plot with its nodes where known and how it ended; the full line
     is its tooltip), each interruption shaded red from the end of the launch before it to the step
-    that got past the newest checkpoint, labelled with the seconds it cost. "" with fewer than two
-    launches or none whose times were recorded."""
+    that got past the newest checkpoint, labelled with the seconds it cost. An extension after a
+    completed launch is a person's choice: shaded grey, labelled as a pause, its idle time cut out
+    of the axis (a break, ``_WallAxis``). "" with fewer than two launches or none whose times were
+    recorded."""
     placed = [s for s in shape_doc["launches"] if s["started"] is not None and s["ended"] is not None]
     if len(shape_doc["launches"]) < 2 or not placed:
         return ""
     gaps = [g for g in shape_doc["interruptions"] if g["began"] is not None]
     t0 = min(s["started"] for s in placed)
     t1 = max([s["ended"] for s in placed] + [g["recovered_at"] for g in gaps if g["recovered_at"] is not None])
-    unit, scale = _time_unit(t1 - t0)
-    span = max((t1 - t0) / scale, 1e-9)
     top_world = max([1, *(s["world_size"] for s in placed if s["world_size"] is not None)])
     yticks = int_ticks(0, top_world, 4)
     w, h = TIMELINE_W, 200
     left = 10 + max(_width(str(t)) for t in yticks) + 6
     right, top, bottom = w - 24, 58, h - 40  # two label rows above the plot: launches, interruptions
-
-    def sx(t):
-        return left + (t - t0) / scale / span * (right - left)
+    axis = _WallAxis(t0, t1, [g["pause"] for g in gaps if g.get("chosen") and g.get("pause")], left, right)
+    sx = axis.x
 
     def sy(world):
         return bottom - world / top_world * (bottom - top)
 
     first = min(placed, key=lambda s: s["started"])["launch"]
+    cut = ", less the pauses before extensions (breaks)" if axis.cuts else ""
     parts = [f'<svg class="shape" role="img" aria-label="run shape over time" viewBox="0 0 {w} {h}" width="{w}" '
              f'height="{h}" xmlns="http://www.w3.org/2000/svg">',
              f'<text x="{w / 2}" y="16" text-anchor="middle" class="title">world size over wall time: launches (blue)'
              f' and interruptions (red, with the time each cost)</text>',
-             f'<line x1="{left}" y1="{bottom}" x2="{right}" y2="{bottom}" class="axis"/>',
              f'<line x1="{left}" y1="{top}" x2="{left}" y2="{bottom}" class="axis"/>']
+    edges = [left, *[v for x0, x1, _, _ in axis.breaks() for v in (x0, x1)], right]
+    parts += [f'<line x1="{a:.1f}" y1="{bottom}" x2="{b:.1f}" y2="{bottom}" class="axis"/>'
+              for a, b in zip(edges[::2], edges[1::2])]
     for v in yticks:
         parts.append(f'<line x1="{left - 4}" y1="{sy(v):.1f}" x2="{right}" y2="{sy(v):.1f}" class="grid"/>'
                      f'<text class="ytick" x="{left - 6}" y="{sy(v) + 4:.1f}" text-anchor="end">{v}</text>')
-    for t in int_ticks(0, span, _fitting(span, right - left)):
-        x = left + t / span * (right - left)
+    ticks = [(axis.tick_x(t), str(t)) for t in int_ticks(0, axis.span, _fitting(axis.span, axis.width))]
+    for x, t in _thin(ticks, left, right):
         parts.append(f'<line x1="{x:.1f}" y1="{bottom}" x2="{x:.1f}" y2="{bottom + 3}" class="axis"/>'
                      f'<text class="xtick" x="{x:.1f}" y="{bottom + 15}" text-anchor="middle">{t}</text>')
     parts.append(f'<text x="{(left + right) / 2}" y="{h - 5}" text-anchor="middle" class="label">wall time since '
-                 f'launch {first} began ({unit})</text>')
+                 f'launch {first} began ({axis.unit}){cut}</text>')
     gap_labels = []
     for g in gaps:
         x0 = sx(g["began"])
         x1 = sx(g["recovered_at"]) if g["recovered_at"] is not None else right
-        text = _seconds(g["seconds"]) if g["seconds"] is not None else "not recovered"
+        chosen = bool(g.get("chosen"))
+        if chosen:
+            pause = g.get("pause")
+            text = f"pause {span_text(pause[1] - pause[0])}, extension" if pause else "extension"
+        else:
+            text = _seconds(g["seconds"]) if g["seconds"] is not None else "not recovered"
         gap_labels.append(((x0 + x1) / 2, text))
-        parts.append(f'<g class="interruption" data-after="{g["after_launch"]}"><title>interruption after launch '
-                     f'{g["after_launch"]}: {_esc(interruption_text(g))}</title><rect x="{x0:.1f}" y="{top}" '
-                     f'width="{max(x1 - x0, 2):.1f}" height="{bottom - top}" fill="{LAUNCH}" fill-opacity="0.15"/></g>')
+        parts.append(f'<g class="interruption{" chosen" if chosen else ""}" data-after="{g["after_launch"]}"><title>'
+                     f'{"extension" if chosen else "interruption"} after launch {g["after_launch"]}: '
+                     f'{_esc(interruption_text(g))}</title><rect x="{x0:.1f}" y="{top}" width="{max(x1 - x0, 2):.1f}" '
+                     f'height="{bottom - top}" fill="{"#6b7280" if chosen else LAUNCH}" fill-opacity="0.15"/></g>')
+    for x0, x1, a, b in axis.breaks():  # the cut: two slanted strokes across the axis
+        parts.append(f'<g class="axis-break" data-seconds="{b - a:.0f}"><title>{span_text(b - a)} cut out of the axis: '
+                     f'no launch ran (a completed run waiting for its extension)</title>'
+                     + "".join(f'<line x1="{x - 3:.1f}" y1="{bottom + 6}" x2="{x + 3:.1f}" y2="{bottom - 6}" '
+                               f'stroke="#333" stroke-width="1.2"/>' for x in (x0 + 4, x1 - 4)) + "</g>")
     step, launch_labels = [], []
     for s in sorted(placed, key=lambda s: s["started"]):
         x0, x1, world = sx(s["started"]), max(sx(s["ended"]), sx(s["started"]) + 2), s["world_size"]
@@ -544,32 +677,71 @@ def _output_title(out: dict) -> str:
     return f"{where}: {'complete' if out['complete'] else 'INCOMPLETE'}"
 
 
-def _thumbnails(report: dict) -> str:
-    """Every validation step's (or the generation's) passes, up to THUMBS_PER_PASS slots each."""
+def embedded_outputs(n: int, most: int = EMBEDDED_OUTPUTS) -> list[int]:
+    """Which of ``n`` validation steps get embedded thumbnails: all up to ``most``, else ``most``
+    of them evenly spaced, the first and the last included."""
+    if n <= most:
+        return list(range(n))
+    if most <= 1:
+        return [n - 1]
+    return sorted({round(i * (n - 1) / (most - 1)) for i in range(most)})
+
+
+def _link(path: Path, base: Path | None) -> str:
+    """A file's address from the report: relative to the report's folder, else a file URI."""
+    if base is not None:
+        try:
+            return Path(os.path.relpath(path.resolve(), base.resolve())).as_posix()
+        except ValueError:   # another drive
+            pass
+    return path.resolve().as_uri()
+
+
+def _thumbnails(report: dict, base: Path | None = None) -> str:
+    """Every validation step's (or the generation's) passes, up to THUMBS_PER_PASS slots each: as
+    embedded thumbnails for at most ``EMBEDDED_OUTPUTS`` steps (evenly spaced, the first and the
+    last included) while the embedded images stay under ``THUMB_BUDGET`` bytes, and as links to the
+    videos (relative to the report's folder ``base``) for the others, so that the page of a
+    released-length run (60 validation steps) stays a few MB."""
     if not report["outputs"]:
         return "<p>No validation or generation outputs.</p>"
     root, blocks = Path(report["run_dir"]), []
-    for out in report["outputs"]:
+    chosen, spent = set(embedded_outputs(len(report["outputs"]))), 0
+    shown = 0
+    for n, out in enumerate(report["outputs"]):
+        embed = n in chosen and spent < THUMB_BUDGET
+        shown += embed
         passes = []
         for p in out["passes"]:
             cells = []
             for slot in sorted((root / out["where"] / p["pass"]).glob("slot_*"))[:THUMBS_PER_PASS]:
                 video = slot / "compare.mp4" if (slot / "compare.mp4").is_file() else slot / "generated.mp4"
-                uri = thumbnail(video) if video.is_file() else None
                 what = "ground truth | generated" if video.name == "compare.mp4" else "generated"
-                cells.append(f'<figure><img alt="{_esc(slot.name)}" src="{uri}"/><figcaption>{_esc(slot.name)} '
-                             f'({what})</figcaption></figure>' if uri else
+                if not embed:
+                    cells.append(f'<a class="video" href="{_esc(_link(video, base))}">{_esc(slot.name)}</a>'
+                                 if video.is_file() else f'<span class="missing">{_esc(slot.name)}: no video</span>')
+                    continue
+                uri = thumbnail(video) if video.is_file() else None
+                if uri and spent + len(uri) > THUMB_BUDGET:   # over the budget: linked like the others
+                    cells.append(f'<a class="video" href="{_esc(_link(video, base))}">{_esc(slot.name)}</a>')
+                    continue
+                spent += len(uri or "")
+                cells.append(f'<figure><a href="{_esc(_link(video, base))}"><img alt="{_esc(slot.name)}" src="{uri}"/>'
+                             f'</a><figcaption>{_esc(slot.name)} ({what})</figcaption></figure>' if uri else
                              f'<figure class="missing"><figcaption>{_esc(slot.name)}: no decodable video'
                              f'</figcaption></figure>')
             errors = "".join(f"<li>slot {e['slot']} ({_esc(e['sample_id'])}): {_esc(e['error'])}</li>"
                              for e in p["error_slots"])
             passes.append(f'<div class="pass"><h4>pass {_esc(p["pass"])}: {p["ok_slots"]} ok, '
                           f'{len(p["error_slots"])} error{"" if p["complete"] else " (incomplete)"}</h4>'
-                          f'<div class="thumbs">{"".join(cells)}</div>'
+                          f'<div class="{"thumbs" if embed else "links"}">{"".join(cells)}</div>'
                           + (f"<ul class='errors'>{errors}</ul>" if errors else "") + "</div>")
-        blocks.append(f'<section class="output" data-where="{_esc(out["where"])}"><h3>{_esc(_output_title(out))}'
-                      f'</h3><div class="passes">{"".join(passes)}</div></section>')
-    return "".join(blocks)
+        blocks.append(f'<section class="output{"" if embed else " linked"}" data-where="{_esc(out["where"])}">'
+                      f'<h3>{_esc(_output_title(out))}</h3><div class="passes">{"".join(passes)}</div></section>')
+    note = "" if shown == len(report["outputs"]) else (
+        f'<p class="thumb-note">Thumbnails of {shown} of {len(report["outputs"])} validation steps (the first, the '
+        f'last and evenly between); the others link to their videos.</p>')
+    return note + "".join(blocks)
 
 
 CSS = """
@@ -580,22 +752,50 @@ table{border-collapse:collapse} td,th{padding:3px 10px 3px 0;text-align:left;ver
 .launches td,.launches th{border-bottom:1px solid #eee}
 .plots{display:grid;grid-template-columns:repeat(2,1fr);gap:12px}
 .plot text,.shape text{font-size:11px;fill:#333}.plot .title,.shape .title{font-size:13px;font-weight:600}
-.plot .marker-label,.shape .marker-label{fill:#dc2626}.shape .launch-label{fill:#1d4ed8}
+.plot .marker-label,.shape .marker-label{fill:#dc2626}
+.plot .marker-label.inner{paint-order:stroke;stroke:#fff;stroke-width:3px;stroke-linejoin:round}.shape .launch-label{fill:#1d4ed8}
 .axis{stroke:#333;stroke-width:1}.grid{stroke:#e5e7eb;stroke-width:1}
 .passes{display:flex;gap:8px 24px;flex-wrap:wrap}
 .thumbs{display:flex;gap:10px;flex-wrap:wrap} figure{margin:0} figcaption{font-size:12px;color:#444}
+.links{display:flex;gap:4px 12px;flex-wrap:wrap;font-size:12px} .output.linked h3{font-weight:600;font-size:13px}
 img{border:1px solid #ccc;display:block} .status-failed{color:#b91c1c} .status-healthy{color:#15803d}
 .errors{color:#b91c1c}
 """
 
 
+def usage_kind(usage: dict | None) -> tuple[str, str]:
+    """What a run's usage measured (``run-result.json`` counts world size x wall time on whatever
+    device each launch ran on): ("GPU time", "GPU-hours"); on the CPU alone ("CPU time",
+    "rank-hours": processes x wall time, not core time); both ("GPU and CPU time", "device-hours")."""
+    devices = {a.get("device") or "cuda" for a in (usage or {}).get("attempts") or []}
+    if devices == {"cpu"}:
+        return "CPU time", "rank-hours"
+    return ("GPU and CPU time", "device-hours") if "cpu" in devices else ("GPU time", "GPU-hours")
+
+
+def _ranks(a: dict) -> str:
+    world, device = a.get("world_size"), a.get("device") or "gpu"
+    if device == "cpu":
+        return f"{world} cpu rank{'s' if world != 1 else ''}"
+    return f"{world} {device}"
+
+
+def usage_text(usage: dict) -> str:
+    """The text report's line: the total, then each launch's share and where it ran."""
+    kind, unit = usage_kind(usage)
+    attempts = ", ".join(f"{a.get('status')} {a.get('gpu_seconds', 0) / 3600:.4f} h on {_ranks(a)}"
+                         for a in usage["attempts"])
+    return (f"{kind}: {usage.get('gpu_seconds', 0) / 3600:.4f} {unit} in {len(usage['attempts'])} launch(es): "
+            f"{attempts}")
+
+
 def _usage(usage: dict | None) -> str | None:
-    """Every launch's GPU time (world size x wall time), failed and retried ones apart."""
+    """Every launch's GPU (or CPU) time (world size x wall time), failed and retried ones apart."""
     if not usage or not usage.get("attempts"):
         return None
-    launches = "; ".join(f"{a.get('status')}: {a.get('gpu_seconds', 0) / 3600:.4f} h ({a.get('world_size')} x "
-                         f"{a.get('wall_seconds', 0):.0f} s, {a.get('device', 'gpu')})" for a in usage["attempts"])
-    return f"{usage.get('gpu_seconds', 0) / 3600:.4f} GPU-hours — {launches}"
+    launches = "; ".join(f"{a.get('status')}: {a.get('gpu_seconds', 0) / 3600:.4f} h ({_ranks(a)} x "
+                         f"{a.get('wall_seconds', 0):.0f} s)" for a in usage["attempts"])
+    return f"{usage.get('gpu_seconds', 0) / 3600:.4f} {usage_kind(usage)[1]} — {launches}"
 
 
 def _rows(report: dict) -> list[tuple[str, str]]:
@@ -620,7 +820,7 @@ def _rows(report: dict) -> list[tuple[str, str]]:
                                        else "")))
     if len(launches) > 1:
         rows.append(("launches", f"{len(launches)} (see the launch table)"))
-    rows.append(("GPU time", _usage(report.get("usage"))))
+    rows.append((usage_kind(report.get("usage"))[0], _usage(report.get("usage"))))
     return [(k, v) for k, v in rows if v]
 
 
@@ -629,21 +829,22 @@ PLOTS = (("loss", "loss", "#2563eb", True), ("grad norm", "grad_norm", "#9333ea"
 
 
 def _plots(report: dict) -> str:
-    """Loss and grad norm (raw and EMA), learning rate and step time, with the later launches;
-    Stage2: the critic's and the student's series in each (step time is the step's). Plots without
-    data are left out."""
+    """Loss and grad norm (raw and EMA), learning rate (held between steps: a change is a step)
+    and step time, with the later launches. Stage2: the critic's and the student's each in a plot
+    of its own, side by side, so that each has its own value axis (the student's loss, about 0.05,
+    would lie flat on the critic's, about 2); the step time is the step's. Plots without data are
+    left out."""
     s, markers = report["series"], _launch_markers(report["launches"])
-    stage2 = "student_loss" in s
     plots = []
     for title, key, color, smooth in PLOTS:
-        series = [{"name": "critic" if stage2 else title, "xs": s["step"], "ys": s[key], "color": color,
-                   "smooth": smooth}]
-        if stage2 and f"student_{key}" in s:
-            series.append({"name": "student", "xs": s["step"], "ys": s[f"student_{key}"], "color": STUDENT,
-                           "smooth": smooth})
-        elif stage2:
-            series[0]["name"] = title
-        plots.append(line_plot(f"{title} (critic and student)" if stage2 and key == "loss" else title, series, markers))
+        roles = [("", key, color)]
+        if "student_loss" in s:
+            roles = [("critic ", key, color), ("student ", f"student_{key}", STUDENT)] if f"student_{key}" in s \
+                else [("", key, color)]
+        for role, field, colour in roles:
+            name = f"{role}{title}"
+            plots.append(line_plot(name, [{"name": role.strip() or title, "xs": s["step"], "ys": s[field],
+                                           "color": colour, "smooth": smooth, "stairs": key == "lr"}], markers))
     return "".join(plots)
 
 
@@ -659,7 +860,24 @@ def _launch_table(report: dict) -> str:
            f'</th><th>world, steps, wall time, how it ended</th></tr>{rows}</table>'
 
 
-def page(report: dict) -> str:
+def page(report: dict, base: Path | None = None) -> str:
+    """The page; ``base``: the folder it will be written to (links to videos are relative to it). A
+    SolarRun root's report (``stages``) is one page with a part per stage."""
+    if "stages" in report:
+        names = ", ".join(st["stage"] for st in report["stages"])
+        parts = "".join(f'<section class="stage" data-stage="{_esc(st["stage"])}"><h1 class="stage">stage '
+                        f'{_esc(st["stage"])}: {_esc(st["name"])}</h1>{_body(st, base)}</section>'
+                        for st in report["stages"])
+        return (f"<!DOCTYPE html><html lang=\"en\"><head><meta charset=\"utf-8\"><title>Solar report: "
+                f"{_esc(report['name'])}</title><style>{CSS}</style></head><body><h1>SolarRun {_esc(report['name'])}"
+                f"</h1><p>{_esc(report['run_root'])}: {len(report['stages'])} stage(s) ({_esc(names)})</p>"
+                f"{parts}</body></html>")
+    return (f"<!DOCTYPE html><html lang=\"en\"><head><meta charset=\"utf-8\"><title>Solar report: "
+            f"{_esc(report['name'])}</title><style>{CSS}</style></head><body>"
+            f"<h1>{_esc(report['name'])}</h1>{_body(report, base)}</body></html>")
+
+
+def _body(report: dict, base: Path | None) -> str:
     s, d = report["series"], report["diagnosis"]
     table = "".join(f"<tr><th>{_esc(k)}</th><td>{_esc(v)}</td></tr>" for k, v in _rows(report))
     plots = _plots(report)
@@ -669,10 +887,8 @@ def page(report: dict) -> str:
             + (f'<p>continue it: <code class="next">{_esc(d["next"]["command"])}</code></p>' if d.get("next") else ""))
     notes = "".join(f"<li>{_esc(n)}</li>" for n in report["not_verified"])
     outputs = "Generation" if report["action"] == "infer" else "Validation"
-    return (f"<!DOCTYPE html><html lang=\"en\"><head><meta charset=\"utf-8\"><title>Solar report: "
-            f"{_esc(report['name'])}</title><style>{CSS}</style></head><body>"
-            f"<h1>{_esc(report['name'])}</h1><p>{_esc(report['run_dir'])}</p><table>{table}</table>"
+    return (f"<p>{_esc(report['run_dir'])}</p><table>{table}</table>"
             + (f"<h2>Training curves</h2><div class=\"plots\">{plots}</div>" if plots else "")
             + (f"<h2>Timeline</h2>{line}" if line else "") + _shape_section(report) + _launch_table(report)
-            + f"<h2>{outputs}</h2>{_thumbnails(report)}<h2>Diagnosis</h2>{diag}"
-            f"<h2>Not verified</h2><ul>{notes}</ul></body></html>")
+            + f"<h2>{outputs}</h2>{_thumbnails(report, base)}<h2>Diagnosis</h2>{diag}"
+            f"<h2>Not verified</h2><ul>{notes}</ul>")

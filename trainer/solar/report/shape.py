@@ -32,6 +32,14 @@ it ends counts until its first step past that step (``rewound_to``). The operato
 ``disruptionSeconds`` ends at the next committed checkpoint instead (``solar.run.machine``); this is
 the trainer's own view.
 
+Not every gap between launches is lost time. A launch that completed (its ``complete`` event: the
+run reached ``train.max_steps``) and a later launch that went on (an extension: a larger
+``train.max_steps``, days later perhaps) is a person's choice: that interruption is ``chosen``, its
+seconds kept but left out of ``lost_seconds`` (they are ``chosen_seconds``), and the idle time from
+the completed launch's end to the next launch's start is a ``pause`` the wall-time chart cuts out.
+Only ``complete`` says so: a ``stopped`` launch may have been stopped by a person or by the cluster
+(preemption sends the same signal), and its gap is counted.
+
 Pure functions of the records but for ``saved_with``, which reads one small file per launch.
 """
 
@@ -176,11 +184,20 @@ def interruptions(shapes: list[dict], parts: list[list[dict] | None]) -> list[di
                     "resumed_by": shapes[j]["launch"] if recovered else None,
                     "recovered_step": recovered[0] if recovered else None, "recovered_at": at,
                     "seconds": round(at - began, 3) if at is not None and began is not None else None,
-                    "rewound_to": rewound})
+                    "rewound_to": rewound, "chosen": prev["end"] == "complete",
+                    "pause": _pause(prev, shapes[i + 1]) if prev["end"] == "complete" else None})
         if recovered is None:
             break
         i = j
     return out
+
+
+def _pause(prev: dict, after: dict) -> list[float] | None:
+    """[from, to]: the idle time between a completed launch's end and the next launch's start
+    (None when either time was not recorded, or the next began before the end)."""
+    if prev["ended"] is None or after["started"] is None or after["started"] <= prev["ended"]:
+        return None
+    return [prev["ended"], after["started"]]
 
 
 def build(root: Path, events: list[dict], launches: list[dict], *, running: bool = False) -> dict:
@@ -196,11 +213,12 @@ def build(root: Path, events: list[dict], launches: list[dict], *, running: bool
     gaps = interruptions(shapes, own)
     by_end: dict[str, float] = {}
     for g in gaps:
-        if g["seconds"] is not None:
+        if g["seconds"] is not None and not g["chosen"]:
             by_end[g["previous_end"]] = round(by_end.get(g["previous_end"], 0.0) + g["seconds"], 3)
     return {"launches": shapes, "interruptions": gaps,
-            "lost_seconds": round(sum(g["seconds"] for g in gaps if g["seconds"] is not None), 3),
-            "lost_by_end": by_end}
+            "lost_seconds": round(sum(g["seconds"] for g in gaps if g["seconds"] is not None and not g["chosen"]), 3),
+            "lost_by_end": by_end,
+            "chosen_seconds": round(sum(g["seconds"] for g in gaps if g["seconds"] is not None and g["chosen"]), 3)}
 
 
 __all__ = ["began_at", "build", "ending", "interruptions", "launch_shape", "rewound_to", "saved_with",
