@@ -222,3 +222,32 @@ def test_a_solarrun_root_is_reported_stage_by_stage(tmp_path):
     assert "\nstage anyflow: " in text
     html = page(report)
     assert html.count('<section class="stage"') == 2 and html.count('<svg class="plot"') >= 8
+
+
+def test_solar_report_on_a_solarrun_root_from_the_command_line(tmp_path):
+    """Where `solar run` points (``<workdir>/<name>``) used to say "holds no run"; each stage is
+    reported, as text and as one HTML page; a directory with no run and no stage still refuses."""
+    import subprocess
+    import sys
+
+    from tests.conftest import REPO
+
+    root = tmp_path / "tiny-wan"
+    for name in ("fm", "anyflow"):
+        run = Run(root / name, "train.max_steps=4")
+        first_launch(run, last=4)
+        run.result("complete", final={"step": 4, "loss": 1.0})
+
+    def solar(*args):
+        return subprocess.run([sys.executable, "-m", "solar", "report", *args], cwd=REPO, capture_output=True,
+                              text=True, timeout=120)
+
+    text = solar(str(root))
+    assert text.returncode == 0, text.stderr
+    assert text.stdout.startswith(f"SolarRun tiny-wan ({root}): 2 stage(s): anyflow, fm\n")
+    html = solar(str(root), "--json", "--html", str(tmp_path / "run.html"))
+    assert html.returncode == 0 and [s["stage"] for s in json.loads(html.stdout)["stages"]] == ["anyflow", "fm"]
+    assert (tmp_path / "run.html").read_text().count('<section class="stage"') == 2
+    (tmp_path / "empty").mkdir()
+    refused = solar(str(tmp_path / "empty"))
+    assert refused.returncode == 2 and "holds no run" in refused.stderr and "Traceback" not in refused.stderr

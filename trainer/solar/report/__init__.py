@@ -1,4 +1,4 @@
-"""``solar report RUN_DIR``: the completion report of semantics.md §9 as a document
+"""``solar report RUN_DIR`` (or a SolarRun's root: each stage's, ``stage_dirs``): the completion report of semantics.md §9 as a document
 (``solar.report.v1``), text, and one self-contained HTML page (``html.py``: inline SVG plots and
 validation thumbnails as data URIs; the wording of values both pages share). Besides the numbers it
 lists every launch of the run directory (where each began on the step axis, how, what it changed

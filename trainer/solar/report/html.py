@@ -1,5 +1,11 @@
 """The completion report as one self-contained HTML page: inline CSS, inline SVG plots, validation
-thumbnails embedded as PNG data URIs. No script, no external resource.
+thumbnails embedded as PNG data URIs (those of at most ``EMBEDDED_OUTPUTS`` validation steps, evenly
+sampled with the first and the last, within ``THUMB_BUDGET`` bytes; the other videos are linked
+relative to the page). No script; nothing loaded from elsewhere.
+
+Stage2's critic and student each get plots of their own (the student's loss, about 0.05, would lie
+flat on the critic's axis, about 2). The learning rate is held between steps (a change is a step);
+series longer than a plot is wide are decimated per pixel column, extremes kept.
 
 Every plot's labels are placed inside its canvas (widths estimated from the font size), step ticks
 are integers, noisy curves (loss, grad norm) are drawn raw (faint) under their EMA (the weight is in
