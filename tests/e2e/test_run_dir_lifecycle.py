@@ -62,7 +62,7 @@ def test_a_refused_launch_leaves_the_directory_as_it_found_it_and_the_fixed_one_
     resumed with the wrong input) stays byte-identical. The fixed command trains in that directory."""
     wrong = {"solar: error: data.train_index": [f"data.root={tmp_path / 'no-such-data'}"],
              "solar: error: data.root: shard": [f"data.root={shard_missing}"],
-             "solar: error: model.pretrained_path:": [f"model.pretrained_path={tmp_path / 'no-such-weights'}"]}
+             "solar: error: model.pretrained_path ": [f"model.pretrained_path={tmp_path / 'no-such-weights'}"]}
     out = tmp_path / "run"
     for case, sets in wrong.items():
         refused = train(CONFIG, [*_sets(wan_data, out, "train.max_steps=2"), *sets])

@@ -69,8 +69,10 @@ class ModelBlock(Block):
         "released", description="Dimension profile: published dims or a CPU-sized twin.")
     dims: DimsBlock | None = Field(None, description="Overrides of the profile's dims.")
     pretrained_path: str | None = Field(
-        None, description="Released base weights used when checkpoint.mode is none (and the base of "
-                          "LoRA routes); null initialises randomly from train.seed.")
+        None, description="Base weights used when checkpoint.mode is none (and the base of LoRA routes): "
+                          "a Solar export or checkpoint directory (its EMA where it has one) or one of its "
+                          "model/*.safetensors files, a `solar model convert` directory or a diffusers release "
+                          "(docs/base-model.md); null initialises randomly from train.seed.")
     vae_path: str | None = Field(
         None, description="VAE weights for decoding validation and inference videos; null builds a "
                           "randomly initialised codec (tiny profiles only).")

@@ -6,7 +6,8 @@ its device and fills them from lazy weight sources, each rank reading only its r
 (safetensors' sliced reads). Host memory at start-up is therefore about one tensor beyond the rank's
 shard. Sources:
 
-- ``released(family, path)``: a Solar directory (``solar model convert``) or a diffusers folder;
+- ``released(family, path)``: a base model: a Solar directory (``solar model convert``), a Solar
+  checkpoint or export (``solar.launch.base_weights``) or a diffusers folder;
 - ``checkpoint(path, role, which)``: a checkpoint member's live weights, the EMA laid over them,
   from whole files or from every rank's shards of a sharded save (``shards``);
 - ``module_tensors(model)``: a model already in memory (the seeded random init, built whole on the
@@ -30,6 +31,7 @@ from pathlib import Path
 import torch
 from safetensors import safe_open
 
+from solar.launch import base_weights
 from solar.models.weights import DELTA_PREFIX, WeightsError, compare_keys, read_solar_manifest, safetensors_header
 from solar.storage.checkpoints import CheckpointError
 
@@ -92,7 +94,18 @@ def members(file: Path) -> dict[str, Lazy]:
 
 
 def released(family: str, path: str) -> dict[str, Lazy]:
-    """Released base weights: a Solar directory or a diffusers folder, read lazily."""
+    """A base model (``model.pretrained_path``), read lazily: a Solar directory, a Solar checkpoint or
+    export or one of its weight files (``solar.launch.base_weights``), or a diffusers release. A
+    WeightsError names what the path is when it is none of them."""
+    solar = base_weights.solar_source(path)
+    if solar is not None:
+        problem = base_weights.family_problem(solar, family)
+        if problem:
+            raise base_weights.refusal(path, problem)
+        return checkpoint(solar.checkpoint, solar.role, solar.weights)
+    problem = base_weights.plain_problem(path)
+    if problem:
+        raise base_weights.refusal(path, problem)
     root = Path(path)
     if (root / "solar-model.json").is_file():
         out: dict[str, Lazy] = {}
@@ -101,7 +114,11 @@ def released(family: str, path: str) -> dict[str, Lazy]:
         return out
     from solar.models.convert import plan
 
-    _, source, mapping, _ = plan(family, "diffusers", root)
+    try:
+        _, source, mapping, _ = plan(family, "diffusers", root)
+    except WeightsError as exc:
+        raise base_weights.refusal(path, f"not Solar's layout (no solar-model.json, not a Solar checkpoint's "
+                                         f"files) and not a {family} diffusers release: {exc}") from None
     out = {}
     for target, origin in mapping.items():
         file = source.files[origin]

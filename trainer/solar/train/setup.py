@@ -1,8 +1,9 @@
 """Building a training run from a resolved config: model (with its initialisation mode), optimizer,
 EMA and data stream. Initialisation modes are distinct and checked (semantics.md §5):
 
-- ``none``: released base weights from ``model.pretrained_path`` (a Solar directory from
-  ``solar model convert`` or a diffusers folder), or a seeded random init when it is null;
+- ``none``: base weights from ``model.pretrained_path`` (a Solar directory from ``solar model
+  convert``, a Solar checkpoint or export or one of its weight files, or a diffusers folder:
+  ``solar.launch.base_weights``), or a seeded random init when it is null;
 - ``weights_only``: live or EMA weights of a verified checkpoint of a compatible route; a new
   optimisation run (fresh optimizer, step 0);
 - ``full_resume``: everything (weights, EMA, optimizer, step, every rank's RNG and data stream)
@@ -12,6 +13,7 @@ EMA and data stream. Initialisation modes are distinct and checked (semantics.md
 from __future__ import annotations
 
 import random
+import sys
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -19,6 +21,7 @@ import torch
 
 from solar.config.contracts import checkpoint_contract, source_problem
 from solar.config.resolve import Resolved
+from solar.launch.base_weights import note, solar_source, with_hint
 from solar.data.from_config import train_stream
 from solar.data.prefetch import Prefetched
 from solar.launch.materialize import checkpoint, materialize, module_tensors, released, role_tensors
@@ -85,13 +88,29 @@ def preflight_weights(resolved: Resolved) -> None:
     model = model_from_config(cfg, device="meta")
     try:
         tensors, where = initial_weights(cfg, model, manifest)
-    except WeightsError as exc:
-        raise WeightsError(f"model.pretrained_path: {exc}" if ck.mode == "none" else str(exc)) from None
-    try:
         completed(model.state_dict(), tensors, where=where, init_delta_from_time=True, lora_seed=cfg.train.seed,
                   values=False)
-    except WeightsError as exc:
-        raise (CheckpointError(str(exc)) if ck.mode != "none" else exc) from None
+    except (WeightsError, CheckpointError) as exc:
+        raise _refused(cfg, exc) from None
+
+
+def _refused(cfg, exc: Exception) -> Exception:
+    """A problem of the initial weights as the launch reports it: a base model's (checkpoint.mode none)
+    in one line that also names checkpoint.mode (``base_weights.with_hint``); a checkpoint's as a
+    CheckpointError."""
+    if cfg.checkpoint.mode == "none":
+        return with_hint(exc, cfg.model.pretrained_path)
+    return exc if isinstance(exc, CheckpointError) else CheckpointError(str(exc))
+
+
+def base_note(cfg) -> str | None:
+    """The line naming which weights of a Solar checkpoint or export ``model.pretrained_path`` starts
+    the run from (None for any other base, or none)."""
+    path = cfg.model.pretrained_path
+    if not path or (cfg.checkpoint.mode != "none" and cfg.model.training_mode != "lora"):
+        return None
+    source = solar_source(path)
+    return note(path, source) if source is not None else None
 
 
 def build_parts(resolved: Resolved, rank: int, device: torch.device, *, world: int = 1, local_world: int = 1,
@@ -110,7 +129,12 @@ def build_parts(resolved: Resolved, rank: int, device: torch.device, *, world: i
     # Built on the meta device; parallelism applied there; each rank then materialises its own shards
     # and reads only its rows of every source tensor (solar.launch.materialize).
     model = model_from_config(cfg, device="meta")
-    tensors, where = initial_weights(cfg, model, source_manifest)
+    try:
+        tensors, where = initial_weights(cfg, model, source_manifest)
+    except (WeightsError, CheckpointError) as exc:
+        raise _refused(cfg, exc) from None
+    if rank == 0 and (line := base_note(cfg)):
+        print(line, file=sys.stderr)
     from solar.train import fp8, parallelize
 
     fp8_linears = fp8.convert(model, cfg.model.fp8_linear)  # before SP, checkpointing, compile and FSDP2
@@ -131,8 +155,8 @@ def build_parts(resolved: Resolved, rank: int, device: torch.device, *, world: i
         parallelize.apply_fsdp(model, mesh, policy=fsdp_policy(cfg, device))
     try:
         materialize(model, device, tensors, where=where, init_delta_from_time=True, lora_seed=cfg.train.seed)
-    except WeightsError as exc:
-        raise (CheckpointError(str(exc)) if ck.mode != "none" else exc) from None
+    except (WeightsError, CheckpointError) as exc:
+        raise _refused(cfg, exc) from None
     params = {n: p for n, p in model.named_parameters() if p.requires_grad}
     names = list(params)
     opt = cfg.train.optimizer

@@ -82,6 +82,9 @@ def dims_from_tensors(source: TensorSource, rename, family: str) -> Dims:
                     patch_size=tuple(patch), prope_start=base.prope_start)
     except (KeyError, ValueError) as exc:
         raise WeightsError(f"cannot infer Wan dims from the tensors (missing {exc}); add the source's config.json") from None
+    if hidden % base.head_dim:   # not a released Wan: the head count cannot be guessed (0 heads would build nothing)
+        raise WeightsError(f"cannot infer Wan dims from the tensors: hidden size {hidden} is not a multiple of Wan's "
+                           f"head dim {base.head_dim}; add the source's config.json")
     return dims
 
 
