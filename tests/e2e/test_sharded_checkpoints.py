@@ -1,7 +1,8 @@
 """Sharded checkpoints (issue 38) under torchrun over gloo: a world-4 FSDP2 save is every rank's own
 shards through torch.distributed.checkpoint; it verifies only whole; it initialises runs at world 2
 sharded and world 1 unsharded with the saved weights bit for bit, generates with `solar infer`,
-resumes at another sharding, and exports to the whole files an unsharded save writes."""
+resumes at another sharding, exports to the whole files an unsharded save writes, and is a base model
+(model.pretrained_path) with the weights its export holds."""
 
 from __future__ import annotations
 
@@ -232,3 +233,24 @@ def test_a_volume_that_fills_during_a_sharded_save_fails_every_rank_through_dcps
     assert doc["status"] == "failed" and doc["error_type"] == "storage_full"
     assert not [p for p in (out / "checkpoints").iterdir() if ckpt.PARTIAL_DIR.match(p.name)]
     assert [(c["step"], c["valid"]) for c in ckpt.list_checkpoints(out)] == [(2, True)]
+
+
+def test_a_sharded_checkpoint_is_a_base_model_with_the_weights_its_export_holds(sharded, wan_data, tmp_path, cli):
+    """``model.pretrained_path`` = the world-4 sharded checkpoint: the launch's check accepts it and a
+    world-1 model starts with its EMA assembled from the four ranks' shards, as its export holds it;
+    the launch's line says how to take the live weights instead (docs/base-model.md)."""
+    from solar.config.resolve import resolve_file
+    from solar.train.setup import base_note, build_parts, preflight_weights
+
+    source = sharded / "checkpoints" / "step_00000002"
+    exported = tmp_path / "export"
+    assert cli("checkpoint", "export", str(source), "--out", str(exported)).code == 0
+    ema = _whole(exported)["ema"]
+    resolved = resolve_file(str(CONFIG), [*_sets(wan_data, tmp_path / "run", 1, sharding="none"),
+                                          f"model.pretrained_path={source}"], expected_action="train")
+    preflight_weights(resolved)
+    parts = build_parts(resolved, 0, torch.device("cpu"))
+    parts.stream.close()
+    state = parts.model.state_dict()
+    assert state.keys() == ema.keys() and all(torch.equal(state[k], ema[k]) for k in ema)
+    assert "`solar checkpoint export` it and name its model/live.safetensors" in base_note(resolved.config)
