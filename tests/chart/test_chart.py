@@ -7,6 +7,7 @@ from __future__ import annotations
 import copy
 import json
 import re
+from pathlib import Path
 
 import jsonschema
 import kubernetes_validate
@@ -33,6 +34,8 @@ VALUE_SETS = {
     "namespace-scoped": {"watch": {"namespaces": ["team-a", "team-b"]},
                          "monitoring": {"trainerPodMonitor": {"enabled": True}}},
     "read-nodes": {"elastic": {"readNodes": True}, "watch": {"namespaces": ["team-a"]}},
+    "tensorboard": {"tensorboard": {"enabled": True, "path": "team-a", "image": {"digest": "sha256:" + "cd" * 32}},
+                    "monitoring": {"serviceMonitor": {"enabled": True}}},
     "custom-storage": {"storage": {"volume": {"nfs": {"server": "nfs.example", "path": "/export/runs"}},
                                    "mountPath": "/mnt/solar"},
                        "image": {"digest": "sha256:" + "ab" * 32},
@@ -359,6 +362,11 @@ BAD_VALUES = [
     ({"backends": ["mpijob"]}, "/backends/0"),
     ({"backends": []}, "/backends"),
     ({"backends": ["trainjob"]}, "defaultBackend pytorchjob is not in backends"),
+    ({"tensorboard": {"enabled": "yes"}}, "/tensorboard/enabled"),
+    ({"tensorboard": {"port": 80}}, "/tensorboard/port"),
+    ({"tensorboard": {"path": "../other"}}, "/tensorboard/path"),
+    ({"tensorboard": {"enabled": True}, "storage": {"claimName": ""}},
+     "storage.claimName or storage.volume must name the run storage"),
 ]
 
 
@@ -436,3 +444,90 @@ def test_every_value_has_a_doc_comment_and_the_readme_is_generated_from_them():
     assert set(documented) == set(_documented_paths(schema))
     assert all(len(comment) > 10 for comment in documented.values())
     assert (CHART / "README.md").read_text() == chart_readme.render(), "run `python scripts/chart_readme.py`"
+
+
+def _tensorboard(docs: list[dict]) -> tuple[dict, dict]:
+    (deployment,) = [d for d in docs if d["kind"] == "Deployment" and d["metadata"]["name"].endswith("-tensorboard")]
+    (service,) = [d for d in docs if d["kind"] == "Service" and d["metadata"]["name"].endswith("-tensorboard")]
+    return deployment, service
+
+
+def test_tensorboard_is_off_by_default_and_serves_the_run_volume_read_only(tmp_path):
+    assert not [d for d in render(tmp_path) if "tensorboard" in d["metadata"]["name"]]
+    docs = render(tmp_path, VALUE_SETS["tensorboard"], monitoring_api=True)
+    deployment, service = _tensorboard(docs)
+    pod = deployment["spec"]["template"]["spec"]
+    (container,) = pod["containers"]
+    assert container["image"] == "ghcr.io/solarwm/solar-trainer@sha256:" + "cd" * 32
+    assert container["command"] == ["tensorboard"] and "--logdir=/runs/team-a" in container["args"]
+    assert "--bind_all" in container["args"] and "--port=6006" in container["args"]
+    mounts = {m["name"]: m for m in container["volumeMounts"]}
+    assert mounts["runs"] == {"name": "runs", "mountPath": "/runs", "readOnly": True}
+    volumes = {v["name"]: v for v in pod["volumes"]}
+    assert volumes["runs"]["persistentVolumeClaim"] == {"claimName": "solar-runs", "readOnly": True}
+    assert mounts["tmp"]["mountPath"] == "/tmp" and "emptyDir" in volumes["tmp"]
+    security = container["securityContext"]
+    assert security["readOnlyRootFilesystem"] and not security["allowPrivilegeEscalation"]
+    assert security["capabilities"]["drop"] == ["ALL"]
+    assert pod["securityContext"]["runAsNonRoot"] and pod["securityContext"]["runAsUser"] != 0
+    assert pod["automountServiceAccountToken"] is False
+    assert container["resources"]["requests"] and container["resources"]["limits"]["memory"]
+    labels = deployment["spec"]["template"]["metadata"]["labels"]
+    assert all(labels[k] == v for k, v in service["spec"]["selector"].items())
+    assert {p["name"]: p["port"] for p in service["spec"]["ports"]} == {"http": 6006}
+    # the operator's own selectors (its Deployment, Service, monitors) match none of TensorBoard's objects
+    operator = next(d for d in docs if d["kind"] == "Deployment" and d is not deployment)
+    for selector in (operator["spec"]["selector"]["matchLabels"], _only(docs, "ServiceMonitor")["spec"]["selector"]
+                     ["matchLabels"]):
+        for theirs in (labels, service["metadata"]["labels"], deployment["metadata"]["labels"]):
+            assert not all(theirs.get(k) == v for k, v in selector.items()), (selector, theirs)
+    custom = render(tmp_path, {"tensorboard": {"enabled": True}, **VALUE_SETS["custom-storage"]})
+    deployment, _ = _tensorboard(custom)
+    pod = deployment["spec"]["template"]["spec"]
+    assert "--logdir=/mnt/solar" in pod["containers"][0]["args"]
+    assert {v["name"]: v for v in pod["volumes"]}["runs"]["nfs"] == {"server": "nfs.example", "path": "/export/runs"}
+
+
+def test_the_tensorboard_command_serves_each_stage_with_one_value_per_step(tmp_path):
+    """The rendered container's own command and arguments (its log directory moved to a local folder)
+    serve a stage's series, where a resumed launch replaced the steps an earlier one wrote after its
+    checkpoint, as TensorBoard's HTTP API answers."""
+    import os
+    import signal
+    import subprocess
+    import sys
+    import time
+    import urllib.request
+
+    from solar.train.tracking import TensorBoardSink
+    from tests.e2e.conftest import free_port
+
+    for start, values in ((0, {1: 1.0, 2: 2.0, 3: 3.0}), (1, {2: 20.0, 3: 30.0, 4: 40.0})):
+        sink = TensorBoardSink(tmp_path / "runs" / "team-a" / "fm", start)
+        for step, value in values.items():
+            sink.scalars(step, {"train/loss": value})
+        sink.finish("complete")
+    port = free_port()
+    deployment, _ = _tensorboard(render(tmp_path, {"tensorboard": {"enabled": True, "path": "team-a",
+                                                                   "port": port, "reloadInterval": 1}}))
+    (container,) = deployment["spec"]["template"]["spec"]["containers"]
+    args = [a.replace("--logdir=/runs", f"--logdir={tmp_path / 'runs'}") for a in container["args"]]
+    program = Path(sys.executable).with_name(container["command"][0])
+    home = tmp_path / "home"
+    home.mkdir()
+    proc = subprocess.Popen([str(program), *args], env={**os.environ, "HOME": str(home), "TMPDIR": str(home)},
+                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True)
+    url = f"http://127.0.0.1:{port}/data/plugin/scalars/scalars?run=fm/tensorboard&tag=train/loss"
+    try:
+        deadline, got = time.monotonic() + 90, None
+        while got is None:
+            try:
+                with urllib.request.urlopen(url, timeout=5) as resp:
+                    got = json.loads(resp.read()) or None
+            except OSError:
+                assert proc.poll() is None and time.monotonic() < deadline, "tensorboard did not serve the run"
+                time.sleep(0.5)
+        assert [(step, value) for _, step, value in got] == [(1, 1.0), (2, 20.0), (3, 30.0), (4, 40.0)]
+    finally:
+        os.killpg(proc.pid, signal.SIGTERM)
+        proc.wait(timeout=30)

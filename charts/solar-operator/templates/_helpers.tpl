@@ -26,6 +26,21 @@ app.kubernetes.io/name: {{ include "solar-operator.name" . }}
 app.kubernetes.io/instance: {{ .Release.Name }}
 {{- end }}
 
+{{/* TensorBoard's pods (tensorboard.enabled): a name of their own, outside the operator's selectors. */}}
+{{- define "solar-operator.tensorboardSelectorLabels" -}}
+app.kubernetes.io/name: {{ printf "%s-tensorboard" (include "solar-operator.name" .) | trunc 63 | trimSuffix "-" }}
+app.kubernetes.io/instance: {{ .Release.Name }}
+{{- end }}
+
+{{- define "solar-operator.tensorboardLabels" -}}
+helm.sh/chart: {{ include "solar-operator.chart" . }}
+{{ include "solar-operator.tensorboardSelectorLabels" . }}
+app.kubernetes.io/version: {{ .Chart.AppVersion | quote }}
+app.kubernetes.io/managed-by: {{ .Release.Service }}
+app.kubernetes.io/part-of: solar
+app.kubernetes.io/component: tensorboard
+{{- end }}
+
 {{- define "solar-operator.labels" -}}
 helm.sh/chart: {{ include "solar-operator.chart" . }}
 {{ include "solar-operator.selectorLabels" . }}

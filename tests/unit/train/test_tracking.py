@@ -21,6 +21,17 @@ def _acc(out):
     return {tag: [(e.step, e.value) for e in acc.Scalars(tag)] for tag in acc.Tags()["scalars"]}
 
 
+def _served(out):
+    """The loss as TensorBoard's Python server reads it (``--load_fast=false``: plugin_event_accumulator,
+    which takes the first SessionLog.START it sees for the session's beginning)."""
+    from tensorboard.backend.event_processing.plugin_event_accumulator import EventAccumulator
+    from tensorboard.util import tensor_util
+
+    acc = EventAccumulator(str(out / T.TENSORBOARD_DIR))
+    acc.Reload()
+    return [(e.step, float(tensor_util.make_ndarray(e.tensor_proto))) for e in acc.Tensors("train/loss")]
+
+
 def _launch(out, start: int, values: dict[int, float]) -> None:
     sink = T.TensorBoardSink(out, start)
     for step, value in values.items():
@@ -32,8 +43,10 @@ def test_a_launch_that_begins_earlier_discards_what_came_after_its_start(tmp_pat
     _launch(tmp_path, 0, {1: 1.0, 2: 2.0, 3: 3.0, 4: 4.0})   # steps 3 and 4 orphaned (the checkpoint was 2)
     _launch(tmp_path, 2, {3: 30.0, 4: 40.0, 5: 50.0})         # a resume from step 2
     assert _acc(tmp_path)["train/loss"] == [(1, 1.0), (2, 2.0), (3, 30.0), (4, 40.0), (5, 50.0)]
+    assert _served(tmp_path) == [(1, 1.0), (2, 2.0), (3, 30.0), (4, 40.0), (5, 50.0)]
     _launch(tmp_path, 1, {2: 200.0})                          # a rewind to step 1, stopped after step 2
     assert _acc(tmp_path)["train/loss"] == [(1, 1.0), (2, 200.0)]
+    assert _served(tmp_path) == [(1, 1.0), (2, 200.0)]
     names = sorted(p.name for p in (tmp_path / T.TENSORBOARD_DIR).iterdir())
     assert [n.split(".")[3] for n in names] == ["00001", "00002", "00003"]   # read in launch order
 

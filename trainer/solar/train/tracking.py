@@ -105,15 +105,17 @@ class TensorBoardSink:
 
         self._pb = event_pb2
         folder = Path(out) / TENSORBOARD_DIR
-        earlier = sorted(folder.glob("events.out.tfevents.*")) if folder.is_dir() else []
+        earlier = list(folder.glob("events.out.tfevents.*")) if folder.is_dir() else []
         fence.check()
         folder.mkdir(parents=True, exist_ok=True)
         # launches sort by their number: TensorBoard reads a directory's files in name order
         self.path = folder / f"events.out.tfevents.{len(earlier) + 1:05d}.{int(time.time())}.{socket.gethostname()}.{os.getpid()}"
         self._writer = RecordWriter(open(self.path, "ab"))  # noqa: SIM115 (closed in close())
+        # Every launch's file opens with a SessionLog.START at its first step: TensorBoard's readers take the
+        # first START they see as the session's beginning and each later one as a restart, before which
+        # they discard every value at or after its step (by any launch before it).
         self._event(file_version="brain.Event:2", step=start + 1)
-        if earlier:   # everything earlier launches wrote after this launch's start step is discarded
-            self._event(step=start + 1, session_log=event_pb2.SessionLog(status=event_pb2.SessionLog.START))
+        self._event(step=start + 1, session_log=event_pb2.SessionLog(status=event_pb2.SessionLog.START))
         self._flush()
 
     def _event(self, **fields) -> None:
