@@ -368,7 +368,8 @@ def _loop(spec, name: str, plan: RunPlan, status, jobs, status_path: Path, root:
                 jobs[action.stage] = LocalJob(action.job, action.stage, _argv(p, action.resume_from),
                                               root / "logs" / f"{action.stage}-{action.attempt}.log", echo,
                                               {**(env or {}), ATTEMPT_ENV: str(action.attempt),
-                                               "SOLAR_RUN_UID": local_uid(root), "SOLAR_RUN_STAGE": action.stage},
+                                               "SOLAR_RUN_UID": local_uid(root), "SOLAR_RUN_STAGE": action.stage,
+                                               "SOLAR_RUN_NAME": name},   # docs/tracking.md
                                               p.stage_dir)
         for kind, reason, message in decision.events:
             echo(f"solar run: {reason}: {message}")
