@@ -64,7 +64,9 @@ def test_solar_run_dry_run_refuses_an_invalid_manifest_with_the_operators_reason
     ("trainjob", "trainer.kubeflow.org_trainjobs.yaml", "v1alpha1")])
 def test_render_prints_the_jobs_the_operator_would_create(backend, crd, version, tmp_path):
     validator = jsonschema.Draft7Validator(crd_validator_schema(anchor(crd), version))
-    proc = _operator(str(_manifest(tmp_path, queueName="gpu", serviceAccountName="trainer")), "--backend", backend,
+    manifest = _manifest(tmp_path, queueName="gpu", serviceAccountName="trainer")
+    before = snapshot(tmp_path)
+    proc = _operator(str(manifest), "--backend", backend,
                      cwd=tmp_path)
     assert proc.returncode == 0, proc.stderr
     jobs = [d for d in yaml.safe_load_all(proc.stdout) if d]
@@ -74,7 +76,7 @@ def test_render_prints_the_jobs_the_operator_would_create(backend, crd, version,
         validator.validate(job)
         assert job["metadata"]["labels"]["kueue.x-k8s.io/queue-name"] == "gpu"
     assert "4 stages as " + {"pytorchjob": "PyTorchJobs", "trainjob": "TrainJobs"}[backend] in proc.stdout
-    assert sorted(p.name for p in tmp_path.iterdir()) == ["run.yaml"]  # nothing written
+    assert snapshot(tmp_path) == before  # nothing written: no file, no directory
 
 
 def test_render_follows_spec_backend_and_shows_a_resume_from_the_storage_root(tmp_path):
@@ -187,4 +189,79 @@ def test_render_lists_an_elastic_stages_node_counts_and_refuses_bounds_that_keep
             "minNodes 1 .. nodes 4;") in proc.stdout
     manifest = _manifest(tmp_path, topology={"nodes": 3, "gpusPerNode": 1, "elastic": {"minNodes": 2}})
     proc = _operator(str(manifest))
-    assert proc.returncode == 2 and "node counts that would: 1 (set minNodes to 1 or fewer)" in proc.stderr
+    assert proc.returncode == 2 and "set minNodes to 1 or fewer (node counts below 3 that keep the global batch 3: " \
+                                    "1)" in proc.stderr
+
+
+ELASTIC = {"nodes": 4, "gpusPerNode": 2, "elastic": {"minNodes": 1}}
+
+
+def test_solar_run_dry_run_of_a_multi_node_manifest_prints_each_stages_plan_and_says_it_cannot_run_it(tmp_path):
+    manifest = _manifest(tmp_path, topology=ELASTIC)
+    before = snapshot(tmp_path)
+    proc = _run(sys.executable, "-m", "solar", "run", "--dry-run", str(manifest), "--workdir", str(tmp_path / "runs"))
+    assert proc.returncode == 0, proc.stderr
+    comments = [line for line in proc.stdout.splitlines() if line.startswith("#")]
+    assert comments[1].startswith("# not runnable here: spec.topology.nodes=4; solar run executes single-node runs "
+                                  "only, so this plan is what the operator would run")
+    elastic = ("#     elastic: 4 nodes x accumulation 1, 2 nodes x accumulation 2, 1 node x accumulation 4 (bounds "
+               "minNodes 1 .. nodes 4;")
+    for stage in ("fm", "anyflow", "dmd"):   # every training stage, with its shape and its allowed shapes
+        at = next(i for i, line in enumerate(comments) if line.startswith(f"#   {stage}: train "))
+        assert "on 4 nodes x 2 processes (world 8)" in comments[at] and comments[at + 1].startswith(elastic)
+    assert any(line.startswith("#   generate: infer ") and "on 4 nodes x 2 processes" in line for line in comments)
+    docs = [d for d in yaml.safe_load_all(proc.stdout) if d]
+    assert [d["stage"] for d in docs] == ["fm", "anyflow", "dmd", "generate"]
+    fm = docs[0]
+    assert (fm["nodes"], fm["nprocPerNode"], fm["worldSize"], fm["runsHere"]) == (4, 2, 8, False)
+    assert fm["elastic"] == [{"nodes": 4, "gradientAccumulation": 1}, {"nodes": 2, "gradientAccumulation": 2},
+                             {"nodes": 1, "gradientAccumulation": 4}]
+    assert "distributed.world_size=8" in fm["arguments"] and "command" not in fm   # no local launch to show
+    assert "elastic" not in docs[3]   # inference stages do not shrink
+    assert snapshot(tmp_path) == before   # nothing written: no work directory, no file
+
+    run = _run(sys.executable, "-m", "solar", "run", str(manifest), "--workdir", str(tmp_path / "runs"))
+    assert run.returncode == 2 and run.stderr.count("\n") == 1 and "Traceback" not in run.stderr, run.stderr
+    assert ("spec.topology.nodes=4; solar run executes single-node runs only: apply the manifest to a cluster running "
+            "the operator") in run.stderr
+    assert snapshot(tmp_path) == before
+
+
+def test_solar_run_dry_run_of_a_run_that_succeeded_says_so_and_that_it_would_do_nothing(tmp_path):
+    from tests.unit.run.test_machine import Sim
+
+    sim = Sim()
+    sim.step()
+    for stage in ("fm", "anyflow", "dmd", "generate"):   # the state machine's own status of a whole run
+        sim.succeed(stage)
+        sim.step()
+    assert sim.status.phase == "Succeeded"
+    run = tmp_path / "runs" / "tiny-wan"
+    run.mkdir(parents=True)
+    (run / "status.json").write_text(sim.status.model_dump_json(exclude_none=True))
+    manifest = _manifest(tmp_path)
+    before = snapshot(tmp_path)
+    proc = _run(sys.executable, "-m", "solar", "run", "--dry-run", str(manifest), "--workdir", str(tmp_path / "runs"))
+    assert proc.returncode == 0, proc.stderr
+    lines = proc.stdout.splitlines()
+    assert lines[0] == (f"# solar run tiny-wan: already succeeded ({run / 'status.json'}); solar run would do nothing "
+                        "(no stage starts, nothing is written)")
+    assert lines[1] == ("#   fm: Succeeded, attempt 1, checkpoint step 4 (/runs/tiny-wan/fm/checkpoints/"
+                        "step_00000004), validation complete")
+    assert [line.split(":")[0] for line in lines[1:]] == ["#   fm", "#   anyflow", "#   dmd", "#   generate"]
+    assert [d for d in yaml.safe_load_all(proc.stdout) if d] == []   # no launch
+    assert snapshot(tmp_path) == before
+
+
+def test_render_refuses_a_quoted_integer_or_boolean_as_the_api_server_would(tmp_path):
+    for elastic, field, said in [
+        ({"minNodes": "1"}, "spec.topology.elastic.minNodes", "'1' is a string; the SolarRun CRD declares an integer: "
+                                                             "write 1 without quotes"),
+        ({"minNodes": 1, "growBack": "yes"}, "spec.topology.elastic.growBack",
+         "'yes' is a string; the SolarRun CRD declares a boolean (true or false): write true without quotes")]:
+        manifest = _manifest(tmp_path, topology={**ELASTIC, "elastic": elastic})
+        proc = _operator(str(manifest))
+        assert proc.returncode == 2 and proc.stderr.count("\n") == 1 and proc.stdout == "", proc.stderr
+        assert f"InvalidSpec: {field}: {said}" in proc.stderr
+        dry = _run(sys.executable, "-m", "solar", "run", "--dry-run", str(manifest), "--workdir", str(tmp_path / "r"))
+        assert dry.returncode == 2 and f"{field}: {said} (InvalidSpec)" in dry.stderr and dry.stderr.count("\n") == 1

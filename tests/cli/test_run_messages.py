@@ -7,6 +7,7 @@ from __future__ import annotations
 import subprocess
 import sys
 
+import pytest
 import yaml
 
 from tests.cli.test_cli import run
@@ -57,3 +58,17 @@ def test_an_nproc_that_changes_the_global_batch_says_so_at_start(tmp_path):
                                            "batch 3 instead of the manifest's 1, another training recipe")
     same = run("run", str(path), "--dry-run", "--workdir", str(tmp_path / "runs"))
     assert same.returncode == 0 and "--nproc" not in same.stderr
+
+
+@pytest.mark.parametrize("edit, said", [
+    (lambda d: d["spec"]["stages"][0].update(sett=d["spec"]["stages"][0].pop("set")),
+     "spec.stages.0.sett: unknown field (did you mean spec.stages.0.set?) (InvalidSpec)"),
+    (lambda d: d["spec"]["runPolicy"].update(backofLimit=d["spec"]["runPolicy"].pop("backoffLimit")),
+     "spec.runPolicy.backofLimit: unknown field (did you mean spec.runPolicy.backoffLimit?) (InvalidSpec)"),
+    (lambda d: d["spec"].update(family="wan22_ti2v5b"), "spec.family: 'wan22_ti2v5b' is not one of wan22_ti2v_5b, "
+                                                        "wan22_i2v_a14b, ltx25_video, minimax_h3 (did you mean "
+                                                        "wan22_ti2v_5b?) (InvalidSpec)"),
+])
+def test_every_misspelt_manifest_key_and_family_is_named_with_the_one_it_is_close_to(edit, said, tmp_path):
+    line = _one_line(run("run", str(_manifest(tmp_path, edit)), "--dry-run", "--workdir", str(tmp_path / "runs")))
+    assert line.endswith(said), line

@@ -9,6 +9,7 @@ import pytest
 
 from tests.e2e.helpers import TINY, infer, steps, train
 from tests.conftest import CONFIGS
+from tests.support.files import snapshot
 
 pytestmark = pytest.mark.slow
 
@@ -18,26 +19,22 @@ def _sets(data, run, *extra):
             *extra]
 
 
-def _files(run):
-    return {p: p.read_bytes() for p in run.rglob("*") if p.is_file()}
-
-
 def test_a_finished_run_trains_longer_and_a_recipe_change_needs_listing(wan_data, tmp_path):
     run = tmp_path / "run"
     first = train(TINY["wan22_ti2v_5b"], _sets(wan_data, run, "train.max_steps=4"))
     assert first.returncode == 0, first.stderr[-2000:]
     resume = ("checkpoint.mode=full_resume", f"checkpoint.path={run}/checkpoints/step_00000004")
-    before = _files(run)
+    before = snapshot(run)
 
     refused = train(TINY["wan22_ti2v_5b"], _sets(wan_data, run, "train.max_steps=6", "train.optimizer.lr=0.002",
                                                   *resume))
     assert refused.returncode == 2 and refused.stderr.count("\n") == 1, refused.stderr[-2000:]
     assert "train.optimizer.lr 0.001 -> 0.002" in refused.stderr and "Traceback" not in refused.stderr
     assert "checkpoint.accept_changes=[train.optimizer.lr]" in refused.stderr
-    assert _files(run) == before   # nothing written, byte for byte
+    assert snapshot(run) == before   # nothing written, byte for byte
 
     shorter = train(TINY["wan22_ti2v_5b"], _sets(wan_data, run, "train.max_steps=3", *resume))
-    assert shorter.returncode == 2 and "below step 4" in shorter.stderr and _files(run) == before
+    assert shorter.returncode == 2 and "below step 4" in shorter.stderr and snapshot(run) == before
 
     longer = train(TINY["wan22_ti2v_5b"], _sets(wan_data, run, "train.max_steps=6", "train.optimizer.lr=0.002",
                                                  "checkpoint.accept_changes=[train.optimizer.lr]", *resume))

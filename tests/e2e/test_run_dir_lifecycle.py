@@ -12,6 +12,7 @@ from pathlib import Path
 import pytest
 
 from tests.e2e.helpers import TINY, result, steps, train
+from tests.support.files import snapshot
 
 pytestmark = pytest.mark.slow
 CONFIG = TINY["wan22_ti2v_5b"]
@@ -20,11 +21,6 @@ CONFIG = TINY["wan22_ti2v_5b"]
 def _sets(data: Path, out: Path, *extra: str) -> list[str]:
     return [f"data.root={data}", f"runtime.output_dir={out}", "runtime.validate_every=0", "runtime.log_every=1",
             *extra]
-
-
-def _tree(root: Path) -> dict[str, bytes | None]:
-    """Every path under ``root`` with its bytes (None for a directory): what byte-identical compares."""
-    return {str(p.relative_to(root)): (None if p.is_dir() else p.read_bytes()) for p in sorted(root.rglob("*"))}
 
 
 def _launch_records(out: Path) -> list[dict]:
@@ -74,13 +70,13 @@ def test_a_refused_launch_leaves_the_directory_as_it_found_it_and_the_fixed_one_
     assert fixed.returncode == 0, fixed.stderr[-2000:]
     assert result(out)["status"] == "complete" and len(_launch_records(out)) == 1
 
-    before = _tree(out)
+    before = snapshot(out)
     resume = ["checkpoint.mode=full_resume", f"checkpoint.path={out / 'checkpoints' / 'step_00000002'}",
               "train.max_steps=3"]
     for case, sets in wrong.items():
         again = train(CONFIG, [*_sets(wan_data, out, *resume), *sets])
         assert again.returncode == 2 and again.stderr.count("\n") == 1, (case, again.stderr)
-        assert _tree(out) == before, case
+        assert snapshot(out) == before, case
 
 
 def test_a_run_that_committed_nothing_starts_over_in_place(wan_data, tmp_path):
@@ -92,11 +88,11 @@ def test_a_run_that_committed_nothing_starts_over_in_place(wan_data, tmp_path):
     failed = train(CONFIG, sets, extra_env={"SOLAR_INJECT_FAULT": "raise:step=2"})
     assert failed.returncode != 0 and result(out)["status"] == "failed"
     assert not list(out.glob("checkpoints/step_*"))
-    before = _tree(out)
+    before = snapshot(out)
     other = train(CONFIG, [*sets, "train.optimizer.lr=0.5"])
     assert other.returncode == 2 and other.stderr.count("\n") == 1, other.stderr
     assert "committed no checkpoint" in other.stderr and "train.optimizer.lr 0.001 -> 0.5" in other.stderr
-    assert _tree(out) == before
+    assert snapshot(out) == before
     restarted = train(CONFIG, sets)
     assert restarted.returncode == 0, restarted.stderr[-2000:]
     assert "holds no committed checkpoint: the run starts over from step 0 (1 earlier launch kept" in restarted.stderr

@@ -12,8 +12,10 @@ import time
 import pytest
 import yaml
 
+from solar.local.executor import has_gpu
 from tests.conftest import REPO
 from tests.e2e.helpers import env
+from tests.support.files import snapshot
 
 pytestmark = pytest.mark.slow
 
@@ -184,13 +186,13 @@ def test_an_interrupted_run_edited_to_train_longer_continues_and_a_recipe_edit_i
     workdir = tmp_path / "runs"
     _interrupt_after_step_2(_manifest(tmp_path, data, _fm_only()), workdir)
     status_path = workdir / "tiny-wan" / "status.json"
-    before = {p: p.read_bytes() for p in (workdir / "tiny-wan").rglob("*") if p.is_file()}
+    before = snapshot(workdir / "tiny-wan")
 
     refused = _solar_run(_manifest(tmp_path, data, _fm_only("train.optimizer.lr=0.5")), workdir)
     assert refused.returncode == 2 and refused.stderr.count("\n") == 1, refused.stderr[-2000:]
     assert "train.optimizer.lr 0.001 -> 0.5" in refused.stderr and "(RecipeChanged)" in refused.stderr
     assert "checkpoint.accept_changes=[train.optimizer.lr]" in refused.stderr
-    assert {p: p.read_bytes() for p in (workdir / "tiny-wan").rglob("*") if p.is_file()} == before  # nothing written
+    assert snapshot(workdir / "tiny-wan") == before  # nothing written
 
     longer = _manifest(tmp_path, data, _fm_only("train.max_steps=6"))
     dry = subprocess.run([sys.executable, "-m", "solar", "run", "--dry-run", str(longer), "--workdir", str(workdir)],
@@ -220,11 +222,24 @@ def test_a_failed_run_continues_once_its_manifest_is_fixed(data, tmp_path):
     status = json.loads((workdir / "tiny-wan" / "status.json").read_text())
     assert status["phase"] == "Failed" and status["stages"][0]["reason"] == "InputRefused"
     assert "missing-data" in status["stages"][0]["message"]   # the trainer's own line
+    said = status["stages"][0]["message"]   # one exit code: the trainer's 2, not torchrun's 1 beside it
+    assert said.startswith("stage fm attempt 1: the trainer refused its input (exit code 2)") and \
+        said.count("exit code") == 1, said
+    if not has_gpu():   # no GPU memory forecast where no stage runs on a GPU
+        assert "MemoryForecast" not in first.stderr and " GiB" not in first.stderr, first.stderr[-2000:]
     fixed = _solar_run(_manifest(tmp_path, data, broken), workdir)
     assert fixed.returncode == 0, fixed.stderr[-3000:]
     assert "SpecChanged" in fixed.stderr
     status = json.loads((workdir / "tiny-wan" / "status.json").read_text())
     assert status["phase"] == "Succeeded" and status["stages"][0]["checkpoint"]["step"] == 2
+    manifest = _manifest(tmp_path, data, broken)
+    before = snapshot(tmp_path)
+    dry = subprocess.run([sys.executable, "-m", "solar", "run", "--dry-run", str(manifest), "--workdir", str(workdir)],
+                         cwd=REPO, env=env(), capture_output=True, text=True, timeout=120)
+    assert dry.returncode == 0 and dry.stdout.startswith("# solar run tiny-wan: already succeeded ("), dry.stderr
+    assert "solar run would do nothing" in dry.stdout
+    assert "#   fm: Succeeded, attempt 2, checkpoint step 2" in dry.stdout
+    assert snapshot(tmp_path) == before
 
 
 def test_an_example_manifest_runs_from_another_directory(data, tmp_path):

@@ -13,6 +13,7 @@ from safetensors.torch import load_file
 from solar.data.synth import synthesize
 from solar.launch.materialize import role_tensors
 from tests.e2e.helpers import TINY, result, steps, train
+from tests.support.files import snapshot
 
 pytestmark = pytest.mark.slow
 
@@ -143,10 +144,10 @@ def test_finished_run_directory_is_not_reused(data, tmp_path):
     out = tmp_path / "run"
     sets = _sets(data["wan22_ti2v_5b"], out, "train.max_steps=2")
     assert train(TINY["wan22_ti2v_5b"], sets).returncode == 0
-    before = {p: p.read_bytes() for p in out.rglob("*") if p.is_file()}
+    before = snapshot(out)
     again = train(TINY["wan22_ti2v_5b"], sets)
     assert again.returncode == 2 and "already holds run" in again.stderr and again.stderr.count("\n") == 1
-    assert {p: p.read_bytes() for p in out.rglob("*") if p.is_file()} == before
+    assert snapshot(out) == before
 
 
 def test_sigterm_saves_and_stops(data, tmp_path):

@@ -41,3 +41,15 @@ def test_aliases_and_heads():
     assert heads == {"wan22_ti2v_5b": 24, "wan22_i2v_a14b": 40, "ltx25_video": 32, "minimax_h3": 56}
     for family in families.FAMILIES:  # tiny twins allow the SP degrees the recipes need
         assert families.spec(family).dims("tiny").num_heads % 4 == 0
+
+
+@pytest.mark.parametrize("given, meant", [("wan22_ti2v5b", "wan22_ti2v_5b"), ("wan2.2-ti2v-5", "wan22_ti2v_5b"),
+                                          ("ltx25-video", "ltx25_video"), ("minimax-h4", "minimax_h3")])
+def test_a_misspelt_family_is_named_with_the_family_it_is_closest_to(given, meant):
+    line = families.not_a_family(given)
+    assert line.startswith(f"--family {given!r} is not a family (did you mean {meant}?); use one of wan22_ti2v_5b, ")
+
+
+def test_a_family_name_close_to_none_gets_the_list_only():
+    assert families.not_a_family("sora") == ("--family 'sora' is not a family; use one of wan22_ti2v_5b, "
+                                             "wan22_i2v_a14b, ltx25_video, minimax_h3")

@@ -31,6 +31,9 @@ CASES = {
                         "data.pixel_frames=153 is outside the wan22_ti2v_5b stage1 frame profile; use 81"),
     "h3-linear": (H3, ["model.camera_translation_transform=linear"],
                   "model.camera_translation_transform=linear: minimax_h3 requires logd4"),
+    "family-typo": (WAN_FM, ["model.family=wan22_ti2v5b"],
+                    "model.family: must be one of 'wan22_ti2v_5b', 'wan22_i2v_a14b', 'ltx25_video' or 'minimax_h3'; "
+                    "got 'wan22_ti2v5b' (did you mean wan22_ti2v_5b?)"),
     "transform-unknown": (WAN_FM, ["model.camera_translation_transform=log"],
                           "model.camera_translation_transform: must be one of 'linear' or 'logd4'; got 'log'"),
     "sp-not-dividing-world": (WAN_FM, ["distributed.world_size=6", "distributed.sequence_parallel_size=4"],

@@ -12,6 +12,7 @@ from safetensors.torch import load_file, save_file
 
 from solar.models.convert import convert
 from solar.models.weights import WeightsError, iter_solar_tensors, load_solar, read_solar_manifest
+from tests.support.files import snapshot
 from tests.unit.models.family_helpers import (
     H3_DIMS,
     LTX25_DIFFUSERS,
@@ -149,11 +150,12 @@ def test_a_missing_tensor_is_named(family, tmp_path, cli):
     _, save, kept, _ = FAMILIES[family]
     save(tmp_path / "src")
     _edit(tmp_path / "src", lambda s: s.pop(kept))
+    before = snapshot(tmp_path)
     result = _convert_cli(cli, family, tmp_path / "src", tmp_path / "out")
     assert result.code == 2, result.err
     assert f"does not match a {family} model" in result.err and f"1 missing: {kept}" in result.err
     assert "unexpected" not in result.err
-    assert sorted(p.name for p in tmp_path.iterdir()) == ["src"]  # nothing written, no partial dir
+    assert snapshot(tmp_path) == before  # nothing written, no partial dir, the source untouched
 
 
 @pytest.mark.parametrize("family", FAMILIES)
@@ -162,10 +164,11 @@ def test_an_extra_tensor_is_named(family, tmp_path, cli):
     save(tmp_path / "src")
     extra = kept.replace("to_k", "to_k_extra")
     _edit(tmp_path / "src", lambda s: s.update({extra: torch.zeros(3)}))
+    before = snapshot(tmp_path)
     result = _convert_cli(cli, family, tmp_path / "src", tmp_path / "out")
     assert result.code == 2, result.err
     assert f"1 unexpected: {extra}" in result.err and "missing" not in result.err
-    assert sorted(p.name for p in tmp_path.iterdir()) == ["src"]
+    assert snapshot(tmp_path) == before
 
 
 @pytest.mark.parametrize("family", FAMILIES)
@@ -175,10 +178,11 @@ def test_a_wrong_shape_is_named_with_both_shapes(family, tmp_path, cli):
     shape = list(ref.state_dict()[other].shape)
     wrong = [shape[0], shape[1] + 1]
     _edit(tmp_path / "src", lambda s: s.update({other: torch.zeros(wrong)}))
+    before = snapshot(tmp_path)
     result = _convert_cli(cli, family, tmp_path / "src", tmp_path / "out")
     assert result.code == 2, result.err
     assert f"1 shape mismatch: {other}: source {wrong} vs model {shape}" in result.err
-    assert sorted(p.name for p in tmp_path.iterdir()) == ["src"]
+    assert snapshot(tmp_path) == before
 
 
 @pytest.mark.parametrize("family, dims, report", [
@@ -189,9 +193,10 @@ def test_a_wrong_shape_is_named_with_both_shapes(family, tmp_path, cli):
 ])
 def test_a_wrong_channel_count_is_rejected(family, dims, report, tmp_path, cli):
     FAMILIES[family][1](tmp_path / "src", dims)
+    before = snapshot(tmp_path)
     result = _convert_cli(cli, family, tmp_path / "src", tmp_path / "out")
     assert result.code == 2 and report in result.err, result.err
-    assert sorted(p.name for p in tmp_path.iterdir()) == ["src"]
+    assert snapshot(tmp_path) == before
 
 
 def test_official_ltx_mismatches_are_reported_too(tmp_path):

@@ -52,6 +52,13 @@ def test_example_manifests_satisfy_both_the_crd_and_the_models(path):
     lambda s: s.update(stages=[]),
     lambda s: s["runPolicy"].update(cleanPodPolicy="Sometimes"),
     lambda s: s["topology"].update(gpus=8),
+    # strings and booleans where the CRD declares integers and booleans (issue 53: the models took them)
+    lambda s: s["topology"].update(nodes=2, elastic={"minNodes": "1"}),
+    lambda s: s["topology"].update(nodes=2, elastic={"minNodes": 1, "growBack": "yes"}),
+    lambda s: s["topology"].update(nodes="1"),
+    lambda s: s["topology"].update(gradientAccumulation=True),
+    lambda s: s["runPolicy"].update(backoffLimit="3"),
+    lambda s: s["runPolicy"].update(suspend="false"),
 ])
 def test_bad_specs_fail_both(edit):
     doc = yaml.safe_load((REPO / "examples" / "solarrun-tiny.yaml").read_text())
@@ -73,3 +80,44 @@ def test_a_status_the_state_machine_writes_fits_the_crd():
     doc["status"] = sim.status.model_dump(mode="json", exclude_none=True)
     jsonschema.validate(doc, _schema())
     assert SolarRunStatus.model_validate(doc["status"]) == sim.status
+
+
+def _typed_fields(node, loc=()):
+    """(path to the owning mapping, field, type) of every integer and boolean the CRD's spec declares."""
+    for name, child in node.get("properties", {}).items():
+        if child["type"] in ("integer", "boolean"):
+            yield loc, name, child["type"]
+        yield from _typed_fields(child, (*loc, name))
+    if "items" in node:
+        yield from _typed_fields(node["items"], (*loc, 0))
+
+
+def test_every_integer_and_boolean_the_crd_declares_is_as_strict_in_the_models():
+    """The models refuse what the API server refuses for each field the CRD types integer or boolean: a
+    quoted number or boolean, a boolean for an integer, a fraction, a number for a boolean."""
+    from pydantic import ValidationError
+
+    from solar.config.messages import model_at
+    from solar.run.spec import SolarRunSpec
+
+    spec = crd.crd_document()["spec"]["versions"][0]["schema"]["openAPIV3Schema"]["properties"]["spec"]
+    typed = list(_typed_fields(spec))
+    names = {name for _, name, _ in typed}
+    assert {"nodes", "minNodes", "growBack", "backoffLimit", "suspend", "readOnly"} <= names, names
+    for loc, name, kind in typed:
+        model = model_at(SolarRunSpec, loc)
+        assert model is not None and name in model.model_fields, (loc, name)
+        good, bad = (16, ["16", True, 16.5]) if kind == "integer" else (True, ["true", "yes", 1])
+        model.__pydantic_validator__.validate_assignment(model.model_construct(), name, good)
+        for value in bad:
+            with pytest.raises(ValidationError):
+                model.__pydantic_validator__.validate_assignment(model.model_construct(), name, value)
+            with pytest.raises(jsonschema.ValidationError):   # the CRD refuses it too
+                jsonschema.validate(value, spec_node(spec, loc, name))
+
+
+def spec_node(spec: dict, loc: tuple, name: str) -> dict:
+    node = spec
+    for part in loc:
+        node = node["items"] if isinstance(part, int) else node["properties"][part]
+    return node["properties"][name]

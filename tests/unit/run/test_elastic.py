@@ -44,10 +44,38 @@ def test_a_training_stage_plans_its_allowed_shapes_and_the_dry_runs_print_them()
     (dict(nodes=2, elastic={"minNodes": 2}), "spec.topology.elastic.minNodes=2 equals spec.topology.nodes"),
     # 3 nodes, global batch 3: only 1 node keeps it, below minNodes 2
     (dict(nodes=3, elastic={"minNodes": 2}), "no node count from minNodes 2 to 2 keeps the global batch 3 (1 GPUs per "
-                                             "node, sequenceParallelSize 1, microBatchSize 1); node counts that "
-                                             "would: 1 (set minNodes to 1 or fewer)"),
+                                             "node, sequenceParallelSize 1, microBatchSize 1); set minNodes to 1 or "
+                                             "fewer (node counts below 3 that keep the global batch 3: 1)"),
 ])
 def test_elastic_bounds_that_allow_no_smaller_shape_are_refused_before_any_job(topology, fragment):
     with pytest.raises(RunInvalid) as refused:
         _plan(**topology)
     assert refused.value.reason == "TopologyMismatch" and fragment in refused.value.message
+
+
+@pytest.mark.parametrize("topology", [
+    # more than nodes (issue 53: it said "32 or fewer", and 32 was then refused)
+    dict(nodes=32, gpusPerNode=8, elastic={"minNodes": 40}),
+    dict(nodes=32, gpusPerNode=8, elastic={"minNodes": 32}),   # equal to nodes
+    dict(nodes=32, gpusPerNode=8, elastic={"minNodes": 31}),   # no count from 31 to 31 keeps 256
+    dict(nodes=6, gpusPerNode=1, gradientAccumulation=2, elastic={"minNodes": 5}),   # batch 12: 4, 3, 2, 1 keep it
+])
+def test_the_minnodes_a_refusal_names_is_accepted(topology):
+    import re
+
+    with pytest.raises(RunInvalid) as refused:
+        _plan(**topology)
+    named = re.search(r"set minNodes to (\d+) or fewer", refused.value.message)
+    assert named, refused.value.message
+    bound = int(named.group(1))
+    assert bound < topology["nodes"]
+    plan = _plan(**{**topology, "elastic": {"minNodes": bound}})   # the named bound is accepted ...
+    assert min(s.nodes for s in plan.stage("fm").elastic) == bound
+    with pytest.raises(RunInvalid):   # ... and it is the largest that is (one more is refused)
+        _plan(**{**topology, "elastic": {"minNodes": bound + 1}})
+
+
+def test_a_single_node_stage_cannot_be_elastic_and_is_told_so():
+    with pytest.raises(RunInvalid) as refused:
+        _plan(nodes=1, elastic={"minNodes": 1})
+    assert "an elastic stage needs spec.topology.nodes of 2 or more; leave elastic out" in refused.value.message

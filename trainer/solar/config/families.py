@@ -39,6 +39,15 @@ def canonical_family(name: str) -> str | None:
     return ALIASES.get(name.strip().lower())
 
 
+def not_a_family(name: str, what: str = "--family") -> str:
+    """The one-line refusal of a family name: the family it is closest to (by name or alias), and the list."""
+    import difflib
+
+    close = difflib.get_close_matches(name.strip().lower(), list(ALIASES), n=1, cutoff=0.6)
+    hint = f" (did you mean {ALIASES[close[0]]}?)" if close else ""
+    return f"{what} {name!r} is not a family{hint}; use one of {', '.join(FAMILIES)}"
+
+
 @dataclass(frozen=True)
 class Dims:
     """Backbone dimensions (the fields ``model.dims`` may override)."""

@@ -40,6 +40,26 @@ def model_at(root: type[BaseModel], loc: tuple[Any, ...]) -> type[BaseModel] | N
     return model
 
 
+def choices_at(root: type[BaseModel], loc: tuple[Any, ...]) -> list[str]:
+    """The values a ``Literal`` field at ``loc`` allows (empty when it is not one)."""
+    owner = model_at(root, loc[:-1])
+    info = next((i for n, i in owner.model_fields.items() if (i.alias or n) == loc[-1]), None) if owner else None
+    found, stack = [], [info.annotation] if info is not None else []
+    while stack:
+        annotation = stack.pop(0)
+        if typing.get_origin(annotation) is typing.Literal:
+            found += [str(a) for a in typing.get_args(annotation)]
+        else:
+            stack += list(typing.get_args(annotation))
+    return found
+
+
+def did_you_mean(value: str, choices: list[str]) -> str:
+    """`` (did you mean X?)`` for the choice ``value`` is closest to, else ''."""
+    close = difflib.get_close_matches(value, choices, n=1, cutoff=0.6)
+    return f" (did you mean {close[0]}?)" if close else ""
+
+
 def _value_at(tree: Any, loc: tuple[Any, ...]) -> Any:
     node = tree
     for part in loc:
@@ -72,7 +92,9 @@ def _one(error: dict[str, Any], root: type[BaseModel], tree: Any) -> str:
         return f"{where}: required key is missing"
     if kind == "literal_error":
         expected = error.get("ctx", {}).get("expected", "")
-        return f"{where}: must be one of {expected}; got {_shown(_value_at(tree, loc))}"
+        value = _value_at(tree, loc)
+        hint = did_you_mean(value, choices_at(root, loc)) if isinstance(value, str) else ""
+        return f"{where}: must be one of {expected}; got {_shown(value)}{hint}"
     if kind in ("model_type", "dict_type"):
         return f"{where}: must be a mapping; got {_shown(_value_at(tree, loc))}"
     message = error["msg"]

@@ -154,7 +154,7 @@ def synthesize(family: str, out: str | os.PathLike[str], *, samples: int = 8, se
                profile: str = "tiny", progress: Callable[[str], None] = lambda _: None) -> dict:
     canonical = families.canonical_family(family)
     if canonical is None:
-        raise DataError(f"--family {family!r} is not a family; use one of {', '.join(families.FAMILIES)}")
+        raise DataError(families.not_a_family(family))
     if profile not in RESOLUTION:
         raise DataError(f"--profile {profile!r}: use tiny or released")
     if samples < 1:

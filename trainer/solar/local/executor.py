@@ -92,8 +92,11 @@ class LocalJob:
         if code == 0:
             return JobState(self.name, "Succeeded", created=self.created)
         refused = self.rank_exit_code(code) == INPUT_ERROR_EXIT and self._launch_records() == self.launches
-        return JobState(self.name, "Failed", f"exit code {code}" + (f": {cause}" if (cause := self.cause()) else ""),
-                        created=self.created, refused=refused)
+        cause = self.cause()
+        # a refusal is said as the trainer said it (InputRefused names its exit code, 2); torchrun's own exit
+        # code (1 for any failed rank) would name a second one
+        message = (cause or "no message") if refused else f"exit code {code}" + (f": {cause}" if cause else "")
+        return JobState(self.name, "Failed", message, created=self.created, refused=refused)
 
     def rank_exit_code(self, code: int) -> int:
         """The ranks' own exit code: torchrun exits 1 for any failed rank and names the rank's code in its
@@ -173,18 +176,28 @@ def _global_batch(t) -> int:
     return t.globalBatchSize or t.world_size // t.sequenceParallelSize * t.microBatchSize * t.gradientAccumulation
 
 
-def _prepare(path: str, workdir: str, nproc: int | None, echo=lambda m: None):
+def multi_node(spec) -> list[str]:
+    """``<field>.nodes=N`` of every topology with more than one node: what ``solar run`` cannot run on one
+    machine (its dry run still plans and prints them)."""
+    return [f"{where}.nodes={t.nodes}" for where, t in
+            [("spec.topology", spec.topology)] + [(f"spec.stages[{i}].topology", s.topology)
+                                                  for i, s in enumerate(spec.stages) if s.topology]
+            if t.nodes != 1]
+
+
+def _prepare(path: str, workdir: str, nproc: int | None, echo=lambda m: None, *, dry: bool = False):
     """(spec, name, run root, plan): the manifest validated and planned as ``solar run`` runs it, its
-    relative paths resolved (``_resolve_paths``)."""
+    relative paths resolved (``_resolve_paths``). A manifest with more than one node is refused unless
+    ``dry`` (a dry run plans it and says it cannot run here)."""
     manifest = load_manifest(path)
     spec, name = manifest.spec, manifest.metadata.name
     repo = package_repo()
     spec = _resolve_paths(path, spec, repo)
-    for where, t in [("spec.topology", spec.topology)] + [(f"spec.stages[{i}].topology", s.topology)
-                                                         for i, s in enumerate(spec.stages) if s.topology]:
-        if t.nodes != 1:
-            raise SolarError(f"{path}: {where}.nodes={t.nodes}; solar run executes single-node runs only (use the "
-                             "operator for more nodes)")
+    wide = multi_node(spec)
+    if wide and not dry:
+        raise SolarError(f"{path}: {wide[0]}; solar run executes single-node runs only: apply the manifest to a "
+                         "cluster running the operator (`solar run --dry-run` prints each stage's plan and elastic "
+                         "shapes, `solar-operator render` its jobs)")
     if nproc is not None:
         if nproc < 1:
             raise SolarError(f"--nproc must be >= 1, got {nproc}")
@@ -212,17 +225,29 @@ def dry_run(path: str, *, workdir: str = "solar-runs", nproc: int | None = None,
     """``solar run --dry-run``: validate and plan exactly as ``solar run`` does, then print the plan
     (YAML comments) and, per stage, the launch it would start (one YAML document each: the command,
     the environment it adds, the stage directory); nothing is written and nothing is started. A stage
-    whose directory already holds a verified checkpoint is shown resuming from it."""
+    whose directory already holds a verified checkpoint is shown resuming from it. A manifest with more
+    than one node is planned and printed as the operator would run it (each stage's nodes, processes
+    per node and elastic shapes, the trainer's arguments on every pod), saying that ``solar run``
+    cannot run it here; a run whose status says it succeeded is said to have succeeded, with nothing
+    to do."""
     import yaml
 
     from solar.run import resume
 
     out = out or sys.stdout
-    spec, name, root, plan = _prepare(path, workdir, nproc, echo)
+    spec, name, root, plan = _prepare(path, workdir, nproc, echo, dry=True)
     previous = _previous(root / "status.json")
+    if previous is not None and previous.phase == "Succeeded":
+        out.write(_succeeded_text(name, root, previous))
+        return 0
+    wide = multi_node(spec)
     env = local_env(spec, echo)
     lines = [f"# solar run {name}: {len(plan.stages)} stages in {root}; world size {plan.world_size}, "
              f"global batch {plan.global_batch}"]
+    if wide:
+        lines.append(f"# not runnable here: {', '.join(wide)}; solar run executes single-node runs only, so this "
+                     "plan is what the operator would run (apply the manifest to a cluster running it; "
+                     "`solar-operator render` prints its jobs)")
     docs = []
     for p in plan.stages:
         files = observe_stage(p.stage_dir, final_step=p.final_step, validation_step=p.validation_step,
@@ -233,9 +258,16 @@ def dry_run(path: str, *, workdir: str = "solar-runs", nproc: int | None = None,
         except RunInvalid as exc:
             raise SolarError(f"{path}: {exc.message} ({exc.reason})") from None
         what = f"final checkpoint step {p.final_step}" if p.final_step is not None else "generation"
-        lines.append(f"#   {p.name}: {p.action} {p.route} with {p.nproc} process(es), {what} ({start.how})")
-        doc = {"stage": p.name, "action": p.action, "route": p.route, "stageDir": p.stage_dir,
-               "command": _argv(p, start.resume_from), "env": env, "log": str(root / "logs" / f"{p.name}-1.log")}
+        shape = f"with {p.nproc} process(es)" if p.nodes == 1 else \
+            f"on {p.nodes} nodes x {p.nproc} processes (world {p.world_size})"
+        lines.append(f"#   {p.name}: {p.action} {p.route} {shape}, {what} ({start.how})")
+        doc = {"stage": p.name, "action": p.action, "route": p.route, "stageDir": p.stage_dir}
+        if p.nodes == 1:
+            doc.update(command=_argv(p, start.resume_from), env=env, log=str(root / "logs" / f"{p.name}-1.log"))
+        else:   # what every pod of the operator's job runs (torchrun with the job's rendezvous, then this)
+            doc.update(nodes=p.nodes, nprocPerNode=p.nproc, worldSize=p.world_size,
+                       arguments=p.arguments(start.resume_from), env=env,
+                       runsHere=False)
         if reshaped is not None:
             lines.append(f"#     {reshaped.summary()}")
             doc["reshape"] = reshaped.as_dict()
@@ -252,6 +284,21 @@ def dry_run(path: str, *, workdir: str = "solar-runs", nproc: int | None = None,
     out.write("\n".join(lines) + "\n" + "".join("---\n" + yaml.safe_dump(d, sort_keys=False, width=120)
                                                 for d in docs))
     return 0
+
+
+def _succeeded_text(name: str, root: Path, status: SolarRunStatus) -> str:
+    """What a dry run of a run that already succeeded prints: that running it does nothing, and each stage's
+    outcome as its status records it."""
+    lines = [f"# solar run {name}: already succeeded ({root / 'status.json'}); solar run would do nothing "
+             "(no stage starts, nothing is written)"]
+    for st in status.stages:
+        bits = [f"#   {st.name}: {st.phase}, attempt {st.attempt}"]
+        if st.checkpoint:
+            bits.append(f"checkpoint step {st.checkpoint.step} ({st.checkpoint.path})")
+        if st.validation:
+            bits.append(f"validation {'complete' if st.validation.complete else 'partial'}")
+        lines.append(", ".join(bits))
+    return "\n".join(lines) + "\n"
 
 
 def run_manifest(path: str, *, workdir: str = "solar-runs", nproc: int | None = None,
@@ -273,7 +320,9 @@ def run_manifest(path: str, *, workdir: str = "solar-runs", nproc: int | None = 
     interrupted = []
     handler = signal.signal(signal.SIGINT, lambda *_: interrupted.append(True))
     try:
-        status = _loop(spec, name, plan, previous, jobs, status_path, root, echo, interrupted, env, generation)
+        status = _loop(spec, name, plan, previous, jobs, status_path, root, echo, interrupted, env, generation,
+                       gpus=has_gpu() and any((p.resolved or {}).get("runtime", {}).get("device") != "cpu"
+                                              for p in plan.stages if p.resolved is not None))
     finally:
         for job in jobs.values():
             job.stop()
@@ -348,15 +397,25 @@ def local_env(spec, echo) -> dict[str, str]:
     return out
 
 
+def has_gpu(environ=os.environ) -> bool:
+    """Whether this machine's stages would run on a GPU: ``nvidia-smi`` lists one (no torch import) and
+    ``CUDA_VISIBLE_DEVICES`` does not hide them all."""
+    from solar.environment import local_gpu_memory_bytes
+
+    if environ.get("CUDA_VISIBLE_DEVICES", None) in ("", "-1"):
+        return False
+    return local_gpu_memory_bytes() is not None
+
+
 def _loop(spec, name: str, plan: RunPlan, status, jobs, status_path: Path, root: Path, echo, interrupted,
-          env: dict | None = None, generation: int = 1):
+          env: dict | None = None, generation: int = 1, gpus: bool = True):
     while not interrupted:
         files = LazyStageFiles([p.name for p in plan.stages], lambda stage: observe_stage(
             plan.stage(stage).stage_dir, final_step=plan.stage(stage).final_step,
             validation_step=plan.stage(stage).validation_step, generation=plan.stage(stage).generation))
         obs = Observation(name, generation, time.time(), plan=plan,
                           jobs={s: j.state() for s, j in jobs.items()}, files=files,
-                          diagnose=lambda stage: failure_summary(plan.stage(stage).stage_dir))
+                          diagnose=lambda stage: failure_summary(plan.stage(stage).stage_dir), gpus=gpus)
         decision = reconcile(spec, status, obs)
         for action in decision.actions:
             if action.kind in ("delete_job", "suspend_job"):

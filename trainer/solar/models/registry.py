@@ -21,7 +21,7 @@ WAN = ("wan22_ti2v_5b", "wan22_i2v_a14b")
 def canonical(family: str) -> str:
     name = families.canonical_family(family)
     if name is None:
-        raise SolarError(f"--family {family!r} is not a family; use one of {', '.join(families.FAMILIES)}")
+        raise SolarError(families.not_a_family(family))
     return name
 
 

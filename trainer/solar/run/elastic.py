@@ -34,27 +34,31 @@ def shapes(*, nodes: int, gpus_per_node: int, sp: int, micro: int, global_batch:
 
 
 def problem(field: str, t, global_batch: int) -> str | None:
-    """Why ``t.elastic`` cannot be used (the bounds, or no smaller count keeping the batch, with the counts
-    that would), or None."""
+    """Why ``t.elastic`` cannot be used (the bounds, or no smaller count keeping the batch), with the bound
+    that would be accepted: the largest count below ``nodes`` that keeps the batch, since a ``minNodes`` at
+    or below it allows that count. None when the bounds allow a smaller shape."""
     e = t.elastic
-    if e.minNodes > t.nodes:
-        return f"{field}.elastic.minNodes={e.minNodes} is more than {field}.nodes={t.nodes}; set minNodes to " \
-               f"{t.nodes} or fewer"
-    if e.minNodes == t.nodes:
-        return f"{field}.elastic.minNodes={e.minNodes} equals {field}.nodes: no smaller shape to continue on; set " \
-               "minNodes below nodes"
     allowed = shapes(nodes=t.nodes, gpus_per_node=t.gpusPerNode, sp=t.sequenceParallelSize, micro=t.microBatchSize,
-                     global_batch=global_batch, lowest=e.minNodes)
-    if any(s.nodes < t.nodes for s in allowed):
+                     global_batch=global_batch, lowest=min(e.minNodes, t.nodes))
+    if e.minNodes < t.nodes and any(s.nodes < t.nodes for s in allowed):
         return None
     would = [s.nodes for s in shapes(nodes=t.nodes - 1, gpus_per_node=t.gpusPerNode, sp=t.sequenceParallelSize,
                                      micro=t.microBatchSize, global_batch=global_batch)]
-    hint = (f"node counts that would: {', '.join(map(str, would))} (set minNodes to {would[0]} or fewer)" if would
-            else "no smaller node count does: choose a global batch that fewer nodes divide (more "
-                 "gradientAccumulation or a smaller microBatchSize)")
+    fix = (f"set minNodes to {would[0]} or fewer (node counts below {t.nodes} that keep the global batch "
+           f"{global_batch}: {', '.join(map(str, would))})" if would
+           else f"no smaller count exists: an elastic stage needs {field}.nodes of 2 or more; leave elastic out"
+           if t.nodes == 1
+           else f"no node count below {t.nodes} keeps the global batch {global_batch} ({t.gpusPerNode} GPUs per node, "
+                f"sequenceParallelSize {t.sequenceParallelSize}, microBatchSize {t.microBatchSize}): choose a global "
+                "batch that fewer nodes divide (more gradientAccumulation or a smaller microBatchSize), or leave "
+                "elastic out")
+    if e.minNodes > t.nodes:
+        return f"{field}.elastic.minNodes={e.minNodes} is more than {field}.nodes={t.nodes}; {fix}"
+    if e.minNodes == t.nodes:
+        return f"{field}.elastic.minNodes={e.minNodes} equals {field}.nodes: no smaller shape to continue on; {fix}"
     return (f"{field}.elastic: no node count from minNodes {e.minNodes} to {t.nodes - 1} keeps the global batch "
             f"{global_batch} ({t.gpusPerNode} GPUs per node, sequenceParallelSize {t.sequenceParallelSize}, "
-            f"microBatchSize {t.microBatchSize}); {hint}")
+            f"microBatchSize {t.microBatchSize}); {fix}")
 
 
 def summary(allowed: tuple[Shape, ...], t) -> str:

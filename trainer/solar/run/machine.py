@@ -103,6 +103,9 @@ class Observation:
     # running pods hold (absent: unknown)
     pods: Mapping[str, Pods] = field(default_factory=dict)
     capacity: Mapping[str, int] = field(default_factory=dict)
+    # whether the stages run on GPUs: solar run on a machine without one says False, and no GPU memory
+    # forecast is reported (it would forecast memory no device has)
+    gpus: bool = True
 
 
 @dataclass(frozen=True)
@@ -217,10 +220,9 @@ def reconcile(spec: SolarRunSpec | None, previous: SolarRunStatus | None, obs: O
     message = C.RESOLVED.message(stages=len(plan.stages))
     if refused is None and (previous is None or not C.is_true(previous.conditions, C.VALIDATED)):
         r.event("Normal", C.RESOLVED, message)
-        forecasts = [f"{p.name} {p.memory_peak / 2**30:.1f} GiB" + (f" of {p.gpu_memory / 2**30:.0f} GiB"
-                                                                     if p.gpu_memory else "")
+        forecasts = [f"{p.name} {_size(p.memory_peak)}" + (f" of {_size(p.gpu_memory)}" if p.gpu_memory else "")
                      for p in plan.stages if p.memory_peak is not None]
-        if forecasts:
+        if forecasts and obs.gpus:
             r.event("Normal", C.MEMORY_FORECAST, C.MEMORY_FORECAST.message(detail=", ".join(forecasts)))
     for p in plan.stages:
         if p.memory_peak is not None:
@@ -414,6 +416,11 @@ def _note_usage(status: SolarRunStatus, st: StageStatus, usage: dict | None) -> 
     except (KeyError, TypeError, ValueError):  # a run-result from another version: say nothing rather than guess
         return
     status.gpuHours = round(sum(s.usage.gpuSeconds for s in status.stages if s.usage) / 3600, 4)
+
+
+def _size(n: int) -> str:
+    """A forecast in GiB, or MiB under one GiB (a tiny config's forecast is not ``0.0 GiB``)."""
+    return f"{n / 2**30:.1f} GiB" if n >= 2**30 else f"{max(n / 2**20, 0.1):.1f} MiB"
 
 
 def _refused(plan: RunPlan, current: StageStatus | None, obs: Observation) -> reshape.Reshape | None:

@@ -39,7 +39,14 @@ class Doc(BaseModel):
     model_config = ConfigDict(extra="forbid", populate_by_name=True)
 
 
-class Elastic(Doc):
+class Declared(BaseModel):
+    """A part of the spec a person writes: typed as strictly as the CRD declares it (the API server refuses
+    ``minNodes: '16'`` and ``growBack: "yes"``, so the models do too: no string for an integer or a boolean,
+    no boolean or fraction for an integer)."""
+    model_config = ConfigDict(extra="forbid", populate_by_name=True, strict=True)
+
+
+class Elastic(Declared):
     """A training stage that may continue on fewer nodes (and grow back) with the same global batch."""
     minNodes: PosInt = Field(description="The fewest nodes a training stage may continue on; every count from "
                                          "minNodes to nodes that keeps the global batch is allowed.")
@@ -55,7 +62,7 @@ class Elastic(Doc):
                         "later).")
 
 
-class Topology(Doc):
+class Topology(Declared):
     nodes: PosInt = Field(description="Nodes (PyTorchJob Master + Workers).")
     gpusPerNode: PosInt = Field(description="Processes per node (torchrun --nproc-per-node).")
     sequenceParallelSize: PosInt = Field(1, description="Ulysses SP degree.")
@@ -77,7 +84,7 @@ class Topology(Doc):
         return self.nodes * self.gpusPerNode
 
 
-class Storage(Doc):
+class Storage(Declared):
     volume: dict[str, Any] = Field(description="Any core/v1 volume source, e.g. {persistentVolumeClaim: {claimName: x}}.")
     mountPath: str = Field(pattern=r"^/", description="Where pods mount it.")
     path: str = Field(pattern=r"^[^/].*", description="Run root below the mount: <mountPath>/<path>.")
@@ -90,19 +97,19 @@ class Storage(Doc):
         return value
 
 
-class ExtraVolume(Doc):
+class ExtraVolume(Declared):
     name: DNSLabel
     volume: dict[str, Any]
     mountPath: str = Field(pattern=r"^/")
     readOnly: bool = False
 
 
-class InitSource(Doc):
+class InitSource(Declared):
     stage: DNSLabel = Field(description="An earlier stage whose final checkpoint feeds this one.")
     weights: Weights = Field(description="live or ema weights of that checkpoint.")
 
 
-class Init(Doc):
+class Init(Declared):
     model: InitSource | None = None
     student: InitSource | None = None
     teacher: InitSource | None = None
@@ -113,7 +120,7 @@ class Init(Doc):
                                   ("critic", self.critic)) if v is not None}
 
 
-class Stage(Doc):
+class Stage(Declared):
     name: DNSLabel
     config: str = Field(min_length=1, description="Config path relative to the repository root (the image's workdir).")
     set: list[str] = Field(default_factory=list, description="--set KEY=VALUE edits of that config.")
@@ -124,7 +131,7 @@ class Stage(Doc):
                                                                "from spec.resources (e.g. fewer GPUs per pod).")
 
 
-class RunPolicy(Doc):
+class RunPolicy(Declared):
     backoffLimit: Annotated[int, Field(ge=0)] = 3
     progressDeadlineSeconds: PosInt = 3600
     ttlSecondsAfterFinished: Annotated[int, Field(ge=0)] | None = None
@@ -139,7 +146,7 @@ BACKENDS = ("PyTorchJob", "TrainJob")
 DEFAULT_RUNTIME = "torch-distributed"
 
 
-class EnvVar(Doc):
+class EnvVar(Declared):
     """A core/v1 EnvVar: a plain ``value`` or a ``valueFrom`` source (secretKeyRef, configMapKeyRef, ...)."""
 
     name: str = Field(min_length=1, pattern=r"^[^=]+$")
@@ -148,7 +155,7 @@ class EnvVar(Doc):
                                                                "{secretKeyRef: {name: s3, key: id}}.")
 
 
-class LocalObjectReference(Doc):
+class LocalObjectReference(Declared):
     name: str = Field(min_length=1)
 
 
@@ -156,7 +163,7 @@ def reserved_env(name: str) -> bool:
     return name.startswith(RESERVED_ENV_PREFIXES) or name in RESERVED_ENV_NAMES
 
 
-class SolarRunSpec(Doc):
+class SolarRunSpec(Declared):
     family: Family
     image: str = Field(min_length=1)
     imagePullPolicy: Literal["Always", "IfNotPresent", "Never"] = "IfNotPresent"
@@ -396,10 +403,15 @@ class SolarRun(Doc):
 
 def first_error(exc, prefix: str = "") -> str:
     """A pydantic ValidationError as one line: the dotted field and what is wrong with it. An unknown
-    field comes first (a misspelt key is also reported missing under its right name), with the
-    missing field it is close to."""
+    field comes first (a misspelt key is also reported missing under its right name), with the known
+    field of that mapping it is closest to, at any depth; a value outside a fixed set (``family``) with
+    the choice it is closest to; a quoted number or boolean with what the CRD declares."""
     import difflib
 
+    from solar.config.messages import choices_at, did_you_mean, model_at
+
+    root = globals().get(exc.title)
+    root = root if isinstance(root, type) and issubclass(root, BaseModel) else SolarRun
     errors = exc.errors()
     unknown = [e for e in errors if e["type"] == "extra_forbidden"]
     first = unknown[0] if unknown else errors[0]
@@ -408,8 +420,32 @@ def first_error(exc, prefix: str = "") -> str:
     if unknown:
         parent, name = first["loc"][:-1], str(first["loc"][-1])
         missing = [str(e["loc"][-1]) for e in errors if e["type"] == "missing" and e["loc"][:-1] == parent]
-        close = difflib.get_close_matches(name, missing, n=1)
-        hint = f" (did you mean {dotted((*parent, close[0]))}?)" if close else ""
+        owner = model_at(root, tuple(parent))
+        known = [f for f in (owner.model_fields if owner is not None else ()) if f not in missing]
+        close = difflib.get_close_matches(name, missing, n=1) or difflib.get_close_matches(name, known, n=1)
+        hint = f" (did you mean {dotted((*parent, close[0]))}?)" if close else \
+            f" (known: {', '.join(missing + known)})" if missing + known else ""
         return f"{where}: unknown field{hint}"
+    value = first.get("input")
+    choices = choices_at(root, tuple(first["loc"])) if first["type"] == "literal_error" else []
+    if choices and isinstance(value, str):
+        return f"{where}: {value!r} is not one of {', '.join(choices)}{did_you_mean(value, choices)}"
+    declared = {"int_type": "an integer", "bool_type": "a boolean (true or false)"}.get(first["type"])
+    if declared and (isinstance(value, (str, float)) or first["type"] == "int_type" and isinstance(value, bool)):
+        kind = "a string" if isinstance(value, str) else "a boolean" if isinstance(value, bool) else "a fraction"
+        fix = _unquoted(value, first["type"])
+        return f"{where}: {value!r} is {kind}; the SolarRun CRD declares {declared}{fix}"
     message = first["msg"].removeprefix("Value error, ")
     return f"{where}: {message}" if where else message
+
+
+def _unquoted(value, kind: str) -> str:
+    """How to write a quoted number or boolean as the CRD types it."""
+    text = str(value).strip()
+    if kind == "int_type" and isinstance(value, str) and text.lstrip("+-").isdigit():
+        return f": write {int(text)} without quotes"
+    if kind == "int_type" and isinstance(value, float) and value.is_integer():
+        return f": write {int(value)}"
+    if kind == "bool_type" and isinstance(value, str) and text.lower() in ("true", "false", "yes", "no", "on", "off"):
+        return f": write {'true' if text.lower() in ('true', 'yes', 'on') else 'false'} without quotes"
+    return ""

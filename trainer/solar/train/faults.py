@@ -18,7 +18,7 @@ classifies:
 ``SOLAR_FAKE_GPU_MEMORY=B0,B1,...`` (bytes per rank, also only with ``SOLAR_ALLOW_FAULTS=1``) makes
 ``activation_checkpointing_skip_blocks: auto`` take its GPU branch on the CPU, each rank reporting
 that much device memory: the gather of every rank's memory and the choice by the smallest run as on
-GPUs (the model itself stays where it is).
+GPUs (the model itself stays where it is). Only on the CPU: where the device is a GPU it is ignored.
 
 ``SOLAR_SLOW_STEP_SECONDS=S`` (also only with ``SOLAR_ALLOW_FAULTS=1``) makes every training step of
 the rank at least S seconds longer (a sleep after the step), so that time passes at a known pace:
@@ -77,10 +77,17 @@ def storage_error(fault: Fault, step: int, rank: int, where) -> OSError | None:
     return None
 
 
-def device_memory(rank: int, environ=os.environ) -> int | None:
-    """This rank's faked GPU memory (``SOLAR_FAKE_GPU_MEMORY``), or None."""
+def device_memory(rank: int, device_type: str = "cpu", environ=os.environ) -> int | None:
+    """This rank's faked GPU memory (``SOLAR_FAKE_GPU_MEMORY``), or None. Honoured only where the device is
+    the CPU (the drill stands in for a GPU there): on a GPU the device's own memory decides and the variable
+    is ignored, with no effect (rank 0 says so)."""
     text = _drill("SOLAR_FAKE_GPU_MEMORY", environ)
     if text is None:
+        return None
+    if device_type != "cpu":
+        if rank == 0:
+            print(f"solar: warning: ignoring SOLAR_FAKE_GPU_MEMORY={text!r} on a {device_type} device (it stands in "
+                  "for a GPU's memory on the CPU only)", file=sys.stderr)
         return None
     sizes = [int(v) for v in text.split(",")]
     return sizes[rank % len(sizes)]

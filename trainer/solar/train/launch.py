@@ -139,7 +139,7 @@ def _auto_kept_blocks(resolved, d):
     from solar.train import faults
 
     blocks = effective_dims(cfg).num_layers
-    fake = faults.device_memory(d.rank)   # a drill: the GPU branch on the CPU with this rank's "GPU" size
+    fake = faults.device_memory(d.rank, d.device.type)   # a drill: the GPU branch on the CPU (never on a GPU)
     cuda = d.device.type == "cuda" or fake is not None
     total = fake if fake is not None else torch.cuda.get_device_properties(d.device).total_memory if cuda else 0
     gpu_memory = min(d.all_gather_object(total, "gpu-memory"))
