@@ -412,7 +412,8 @@ def build_parser() -> argparse.ArgumentParser:
     run_p.add_argument("--nproc", type=int, default=None, metavar="N",
                        help="processes per stage, overriding spec.topology.gpusPerNode")
     run_p.add_argument("--dry-run", action="store_true",
-                       help="validate and print the plan and each stage's launch; write and start nothing")
+                       help="validate and print the plan and each stage's launch (of a multi-node manifest, what "
+                            "the operator would run); write and start nothing")
     run_p.set_defaults(func=cmd_run)
 
     ck = verbs.add_parser("checkpoint", help="verify, list and export checkpoints")
