@@ -3,13 +3,15 @@
 The session's tiny Wan Stage0.5 run (``wan_stage0p5``) is exported with `solar checkpoint export`;
 a new Stage0.5 run then starts from ``model.pretrained_path`` = the export's ``model/ema.safetensors``,
 the export directory and the run's checkpoint directory: each launch trains, says in one line which
-weights it took, prints no foreign warning, and its model starts with exactly those weights (the EMA,
-which differs from the live weights; the live file gives the live weights). A path that is no base
+weights it took (and records them in its launch manifest), prints no foreign warning, and its model
+starts with exactly those weights (the EMA, which differs from the live weights; the live file gives
+the live weights). A path that is no base
 model is refused before anything is written, in one line (exit 2) naming ``model.pretrained_path``,
 what it found and ``checkpoint.mode``."""
 
 from __future__ import annotations
 
+import json
 import shutil
 
 import pytest
@@ -81,6 +83,10 @@ def test_an_export_its_weight_file_and_a_checkpoint_each_start_a_run(wan_stage0p
         assert f"solar: model.pretrained_path {base}: {says}" in proc.stderr, proc.stderr
         assert "Warning" not in proc.stderr and "warn" not in proc.stderr.lower(), proc.stderr
         assert result(out)["status"] == "complete" and [s["step"] for s in steps(out)] == [1]
+        init = json.loads((out / "launch-manifest.json").read_text())["init"]
+        holder = ckpt if base == ckpt else exported
+        assert init == {"mode": "none", "sources": [{"role": "model", "path": str(base), "weights": "ema", "step": 4,
+                                                     "checkpoint": str(holder)}]}, init
     assert f"{ckpt / 'model' / 'live.safetensors'} names the live weights" in proc.stderr   # the last launch's
 
 

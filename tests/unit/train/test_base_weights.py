@@ -89,3 +89,13 @@ def test_the_refusal_names_the_path_once_and_checkpoint_mode():
     assert fit == f"model.pretrained_path /w do not fit the model: 1 missing: x; {bw.HINT}"
     assert str(bw.with_hint(bw.with_hint(WeightsError("gone"), "/w"), "/w")).count(bw.HINT) == 1
     assert "checkpoint.mode=weights_only" in bw.HINT and "checkpoint.mode=full_resume" in bw.HINT
+
+
+def test_the_launch_record_names_the_weights_a_solar_base_gave(tmp_path):
+    ckpt = _checkpoint(tmp_path)
+    assert bw.record(str(ckpt)) == {"role": "model", "path": str(ckpt), "weights": "ema", "step": 3,
+                                    "checkpoint": str(ckpt)}
+    live = ckpt / "model" / "live.safetensors"
+    assert bw.record(str(live), "base")["weights"] == "live" and bw.record(str(live), "base")["role"] == "base"
+    assert bw.record(str(tmp_path / "diffusers")) == {"role": "model", "path": str(tmp_path / "diffusers"),
+                                                      "weights": "released"}

@@ -141,6 +141,19 @@ def plain_problem(path: str) -> str | None:
     return f"a directory with no weights (it holds {shown}); {ACCEPTS}"
 
 
+def record(path: str, role: str = "model") -> dict:
+    """A launch record's entry for the base model ``path``: which weights of which Solar checkpoint
+    or export (and its step), else ``released``."""
+    try:
+        source = solar_source(path)
+    except WeightsError:   # the launch's check refused it already; a record never fails a launch
+        source = None
+    if source is None:
+        return {"role": role, "path": path, "weights": "released"}
+    return {"role": role, "path": path, "weights": source.weights, "step": source.step,
+            "checkpoint": str(source.checkpoint)}
+
+
 def note(path: str, source: SolarSource) -> str:
     """The launch's line saying which weights of a Solar checkpoint or export the run starts from."""
     what = f"the {'EMA' if source.weights == 'ema' else 'live'} weights of step {source.step}"

@@ -34,6 +34,7 @@ from collections.abc import Callable
 from pathlib import Path
 
 from solar.errors import SolarError
+from solar.launch.base_weights import record as base_record
 from solar.launch.distributed import Dist
 from solar.launch.errors import error_type
 from solar.run.failure import REFUSED_PREFIX
@@ -45,7 +46,7 @@ def init_record(cfg) -> dict:
     ck = cfg.checkpoint
     sources = []
     if ck.mode == "none" and cfg.model.pretrained_path:
-        sources.append({"role": "model", "path": cfg.model.pretrained_path, "weights": "released"})
+        sources.append(base_record(cfg.model.pretrained_path))
     elif ck.mode in ("weights_only", "full_resume"):
         sources.append({"role": "model", "path": ck.path, "weights": ck.weights or "all"})
     elif ck.mode == "roles":
@@ -53,7 +54,7 @@ def init_record(cfg) -> dict:
             spec = getattr(ck.roles, role)
             sources.append({"role": role, "path": spec.path, "weights": spec.weights})
     if cfg.model.training_mode == "lora" and cfg.model.pretrained_path and ck.mode != "none":
-        sources.append({"role": "base", "path": cfg.model.pretrained_path, "weights": "released"})
+        sources.append(base_record(cfg.model.pretrained_path, "base"))
     return {"mode": ck.mode, "sources": sources}
 
 

@@ -21,7 +21,7 @@ import torch
 
 from solar.config.contracts import checkpoint_contract, source_problem
 from solar.config.resolve import Resolved
-from solar.launch.base_weights import note, solar_source, with_hint
+from solar.launch.base_weights import note, record as base_record, solar_source, with_hint
 from solar.data.from_config import train_stream
 from solar.data.prefetch import Prefetched
 from solar.launch.materialize import checkpoint, materialize, module_tensors, released, role_tensors
@@ -166,8 +166,7 @@ def build_parts(resolved: Resolved, rank: int, device: torch.device, *, world: i
     start_step, data_state = 0, None
     init = {"mode": ck.mode, "sources": []}
     if ck.mode == "none":
-        init["sources"] = [{"role": "model", "path": cfg.model.pretrained_path, "weights": "released"}] \
-            if cfg.model.pretrained_path else []
+        init["sources"] = [base_record(cfg.model.pretrained_path)] if cfg.model.pretrained_path else []
     else:
         init["sources"] = [{"role": "model", "path": ck.path, "weights": ck.weights or "live+ema",
                             "step": source_manifest["step"]}]
