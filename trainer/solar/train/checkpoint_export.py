@@ -4,7 +4,9 @@ layout. Each tensor is assembled from its shards and written on its own (``write
 export's memory is bounded by its largest tensor, not the model. ``DIR`` is a new directory, built as
 a hidden partial beside it and committed like a save (manifest, COMPLETE.json, fsync, rename), with a
 ``release-manifest.json`` naming its default weights (the EMA where it exists), so ``solar infer``
-and ``checkpoint.path`` take it; an incomplete source is refused before anything is written.
+and ``checkpoint.path`` take it, and ``model.pretrained_path`` takes it (or its ``model/*.safetensors``)
+as the base model of a new run (``solar.launch.base_weights``); an incomplete source is refused
+before anything is written.
 """
 
 from __future__ import annotations
