@@ -37,6 +37,7 @@ def test_a_checkpoint_directory_starts_from_its_ema_and_a_named_file_from_itself
     assert bw.solar_source(live).weights == "live" and not bw.solar_source(live).chosen
     assert torch.equal(released("wan22_ti2v_5b", str(live))["a.weight"].read(), WEIGHTS["a.weight"])
     assert f"{live} names the live weights" in bw.note(str(ckpt), chosen)
+    assert bw.solar_source(ckpt / "model") == chosen   # the role's folder: as the directory
     only_live = _checkpoint(tmp_path / "b", kinds=("live",))
     assert bw.solar_source(only_live).weights == "live"
     assert bw.note(str(only_live), bw.solar_source(only_live)).endswith("the live weights of step 3 (it has no EMA)")

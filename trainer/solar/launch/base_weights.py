@@ -7,7 +7,8 @@ A base model is one of:
   export``): its ``model`` role's EMA weights where it has them (laid over the live weights, as a
   checkpoint's EMA is read everywhere, and the export's default), else its live weights;
 - one weight file of such a checkpoint or export (``<dir>/model/ema.safetensors`` or
-  ``live.safetensors``): those weights, read through the checkpoint it belongs to;
+  ``live.safetensors``): those weights, read through the checkpoint it belongs to; its role's folder
+  (``<dir>/model``) as the directory;
 - a diffusers release of the family (a folder or one file), converted on the fly.
 
 Solar's own files hold Solar's state-dict names for the dims they were trained with, so they are read
@@ -73,11 +74,14 @@ def _checkpoint_manifest(root: Path) -> bool:
 
 
 def solar_source(path: str | Path) -> SolarSource | None:
-    """The Solar checkpoint or export ``path`` names (the directory or one of its weight files), or
-    None when it names neither; a WeightsError when it names one that cannot be a base model."""
+    """The Solar checkpoint or export ``path`` names (the directory, a role's folder or one of its
+    weight files), or None when it names neither; a WeightsError when it names one that cannot be a
+    base model."""
     named = Path(path)
     if named.is_dir() and _checkpoint_manifest(named):
         root, role, weights = named, "model", None
+    elif named.is_dir() and _checkpoint_manifest(named.parent):     # a role's folder: DIR/model
+        root, role, weights = named.parent, named.name, None
     elif named.is_file() and named.suffix == ".safetensors" and _checkpoint_manifest(named.parent.parent):
         root, role, weights = named.parent.parent, named.parent.name, named.stem
         if weights not in ("live", "ema"):
