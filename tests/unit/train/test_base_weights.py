@@ -100,3 +100,19 @@ def test_the_launch_record_names_the_weights_a_solar_base_gave(tmp_path):
     assert bw.record(str(live), "base")["weights"] == "live" and bw.record(str(live), "base")["role"] == "base"
     assert bw.record(str(tmp_path / "diffusers")) == {"role": "model", "path": str(tmp_path / "diffusers"),
                                                       "weights": "released"}
+
+
+def test_a_stage2_lora_base_is_checked_before_the_launch_writes(tmp_path):
+    """Stage2 builds its roles on ``model.pretrained_path`` (LoRA): the launch's check reads what the
+    path is (it used to return at once for Stage2, and the build failed after the run directory)."""
+    from solar.config.resolve import resolve_file
+    from solar.train.setup import preflight_weights
+    from tests.conftest import CONFIGS
+
+    (tmp_path / "empty").mkdir()
+    config = CONFIGS / "tiny" / "minimax_h3" / "train_stage2_sgf_158f.yaml"
+    resolved = resolve_file(str(config), [f"model.pretrained_path={tmp_path / 'empty'}", f"data.root={tmp_path}",
+                                          f"runtime.output_dir={tmp_path / 'out'}"], expected_action="train")
+    assert resolved.config.model.training_mode == "lora"
+    with pytest.raises(WeightsError, match=rf"^model.pretrained_path {tmp_path / 'empty'}: an empty directory"):
+        preflight_weights(resolved)

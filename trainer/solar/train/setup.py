@@ -79,7 +79,11 @@ def preflight_weights(resolved: Resolved) -> None:
     the sources' headers against a model on the meta device (Stage2's roles: ``check_roles``). The
     seeded random initialisation has nothing to check."""
     cfg, ck = resolved.config, resolved.config.checkpoint
-    if resolved.route.stage == "stage2" or (ck.mode == "none" and not cfg.model.pretrained_path):
+    if resolved.route.stage == "stage2":   # its LoRA base: what the path is and its headers (roles: check_roles)
+        if cfg.model.pretrained_path and cfg.model.training_mode == "lora":
+            released(cfg.model.family, cfg.model.pretrained_path)
+        return
+    if ck.mode == "none" and not cfg.model.pretrained_path:
         return
     from solar.launch.materialize import completed
 
