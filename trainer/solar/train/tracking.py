@@ -109,8 +109,10 @@ class TensorBoardSink:
         fence.check()
         folder.mkdir(parents=True, exist_ok=True)
         # launches sort by their number: TensorBoard reads a directory's files in name order
-        self.path = folder / f"events.out.tfevents.{len(earlier) + 1:05d}.{int(time.time())}.{socket.gethostname()}.{os.getpid()}"
-        self._writer = RecordWriter(open(self.path, "ab"))  # noqa: SIM115 (closed in close())
+        name = f"events.out.tfevents.{len(earlier) + 1:05d}.{int(time.time())}.{socket.gethostname()}.{os.getpid()}"
+        self.path = folder / name
+        # buffered: a record reaches the file only at _flush, after the fence check
+        self._writer = RecordWriter(open(self.path, "ab"))  # noqa: SIM115 (closed in finish())
         # Every launch's file opens with a SessionLog.START at its first step: TensorBoard's readers take the
         # first START they see as the session's beginning and each later one as a restart, before which
         # they discard every value at or after its step (by any launch before it).
@@ -300,7 +302,8 @@ def _short(exc: BaseException) -> str:
 def open_tracking(resolved, out: Path, *, rank: int, start: int, dp_world: int, world: int, tokens_per_clip: int,
                   flops_per_clip: float, peak_flops: float | None, started: float | None,
                   environ=os.environ) -> Tracking | None:
-    """Rank 0's trackers (None on other ranks): TensorBoard when its package is installed, MLflow when ``MLFLOW_TRACKING_URI`` is set and its server answers."""
+    """Rank 0's trackers (None on other ranks): TensorBoard when its package is installed, MLflow when
+    ``MLFLOW_TRACKING_URI`` is set and its server answers."""
     if rank != 0:
         return None
     sinks: dict = {}
