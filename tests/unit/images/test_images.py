@@ -459,7 +459,7 @@ def test_the_trainer_pins_the_makefiles_torch_within_pyprojects_range(trainer):
     torch_installs = [c for c in pip_installs(stage) if "torch==${TORCH_VERSION}" in c]
     assert torch_installs, "no `pip install torch==${TORCH_VERSION}`"
     # The project install is constrained to that torch, so the resolver cannot replace it.
-    project = [c for c in pip_installs(stage) if ".[trainer]" in c]
+    project = [c for c in pip_installs(stage) if ".[trainer" in c]
     assert project and all("--constraint" in c or "-c " in c for c in project)
     assert 'echo "torch==${TORCH_VERSION}"' in " ".join(i.args for i in stage.all("RUN"))
     ranges = [Requirement(r) for r in PYPROJECT["project"]["optional-dependencies"]["trainer"]]
@@ -469,7 +469,7 @@ def test_the_trainer_pins_the_makefiles_torch_within_pyprojects_range(trainer):
 
 def test_each_image_installs_its_own_extra(trainer, operator):
     extras = PYPROJECT["project"]["optional-dependencies"]
-    assert project_extras(trainer) == {"trainer"} <= set(extras)
+    assert project_extras(trainer) == {"trainer", "tracking"} <= set(extras)   # tracking: TensorBoard, MLflow
     assert project_extras(operator) == {"operator"} <= set(extras)
     assert "torch" not in OPERATOR.read_text().lower(), "the operator image never installs torch"
     assert all("cuda" not in s.image.lower() for s in operator.stages)
