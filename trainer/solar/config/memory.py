@@ -589,5 +589,12 @@ def host_lines(host: HostForecast) -> list[str]:
 NAMES = {"weights": "weights", "optimizer": "AdamW moments", "ema": "EMA"}
 
 
+def size_text(n: float) -> str:
+    """Bytes as GiB, or MiB under one GiB (a tiny config's forecast reads ``4.2 MiB``, not ``0.0 GiB``)."""
+    if n <= 0:
+        return "0 GiB"
+    return f"{n / GIB:.1f} GiB" if n >= GIB else f"{max(n / 2**20, 0.1):.1f} MiB"
+
+
 def _gib(n: float) -> int:
     return int(math.ceil(n * GIB))

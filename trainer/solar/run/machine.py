@@ -420,7 +420,9 @@ def _note_usage(status: SolarRunStatus, st: StageStatus, usage: dict | None) -> 
 
 def _size(n: int) -> str:
     """A forecast in GiB, or MiB under one GiB (a tiny config's forecast is not ``0.0 GiB``)."""
-    return f"{n / 2**30:.1f} GiB" if n >= 2**30 else f"{max(n / 2**20, 0.1):.1f} MiB"
+    from solar.config.memory import size_text
+
+    return size_text(n)
 
 
 def _refused(plan: RunPlan, current: StageStatus | None, obs: Observation) -> reshape.Reshape | None:

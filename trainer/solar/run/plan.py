@@ -282,8 +282,8 @@ def _memory(resolved, topology, declared: str | None, limit: tuple[str, str] | N
                                look_faster=False)
     gib = memory.GIB
     if gpu is not None and not forecast.fits:
-        raise RunInvalid("InsufficientGPUMemory", f"{where}: forecast {forecast.peak_bytes / gib:.1f} GiB per GPU "
-                         f"does not fit topology.gpuMemory {declared} ({forecast.usable_bytes / gib:.1f} GiB "
+        raise RunInvalid("InsufficientGPUMemory", f"{where}: forecast {memory.size_text(forecast.peak_bytes)} per GPU "
+                         f"does not fit topology.gpuMemory {declared} ({memory.size_text(forecast.usable_bytes)} "
                          f"usable); to fit: {'; '.join(forecast.suggestions)} (solar config memory shows each role)",
                          stage)
     host = forecast.host
