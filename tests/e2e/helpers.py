@@ -64,6 +64,19 @@ def result(run: Path) -> dict:
     return json.loads((run / "run-result.json").read_text())
 
 
+def measuring(body: str, result: str) -> str:
+    """A script for ``laid_out``: once the page has loaded, ``body`` (JavaScript with ``box(element)``,
+    its [left, top, right, bottom], and ``all(root, selector)`` at hand) runs and the object literal
+    ``result`` is written as JSON into ``<pre id="measured">``."""
+    return ("<script>\naddEventListener('load', () => {\n"
+            "  const box = e => { const r = e.getBoundingClientRect(); return [r.left, r.top, r.right, r.bottom]; };\n"
+            "  const all = (root, sel) => [...root.querySelectorAll(sel)];\n"
+            f"{body}\n"
+            "  const pre = document.createElement('pre');\n  pre.id = 'measured';\n"
+            f"  pre.textContent = JSON.stringify({result});\n"
+            "  document.body.appendChild(pre);\n});\n</script>")
+
+
 def laid_out(source: str, script: str, tmp_path: Path) -> dict:
     """What headless Chromium laid out of an HTML page: ``script`` (added to a copy of the page, whose
     own source has no script) writes JSON into ``<pre id="measured">``, which --dump-dom prints."""

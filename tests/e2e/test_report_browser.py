@@ -16,17 +16,14 @@ from pathlib import Path
 import pytest
 
 from tests.conftest import CONFIGS, REPO
-from tests.e2e.helpers import BROWSER, env, infer, laid_out, train
+from tests.e2e.helpers import BROWSER, env, infer, laid_out, measuring, train
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(300)]
 WAN = CONFIGS / "tiny" / "wan22_ti2v_5b"
 
 # Added to a copy of the report (the report itself has no script): once the page has loaded, what
 # the browser drew, as JSON in <pre id="measured">, which --dump-dom prints.
-MEASURE = """<script>
-addEventListener('load', () => {
-  const box = e => { const r = e.getBoundingClientRect(); return [r.left, r.top, r.right, r.bottom]; };
-  const all = (root, sel) => [...root.querySelectorAll(sel)];
+MEASURE = measuring("""\
   const plots = all(document, 'svg.plot').map(svg => ({
     label: svg.getAttribute('aria-label'), frame: box(svg),
     texts: all(svg, 'text').map(t => ({cls: t.getAttribute('class') || '', text: t.textContent, box: box(t)})),
@@ -38,13 +35,8 @@ addEventListener('load', () => {
   const outputs = all(document, 'section.output').map(s => ({
     where: s.dataset.where, title: s.querySelector('h3').textContent,
     images: all(s, 'img').map(i => ({natural: i.naturalWidth, shown: i.getBoundingClientRect().width}))}));
-  const cells = all(document, 'td').map(td => td.textContent.trim());
-  const pre = document.createElement('pre');
-  pre.id = 'measured';
-  pre.textContent = JSON.stringify({plots, outputs, cells, text: document.body.innerText});
-  document.body.appendChild(pre);
-});
-</script>"""
+  const cells = all(document, 'td').map(td => td.textContent.trim());""",
+                    "{plots, outputs, cells, text: document.body.innerText}")
 
 
 def _solar(*args) -> subprocess.CompletedProcess:

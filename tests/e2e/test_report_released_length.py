@@ -17,30 +17,22 @@ from pathlib import Path
 import pytest
 
 from tests.conftest import REPO
-from tests.e2e.helpers import BROWSER, env, laid_out
+from tests.e2e.helpers import BROWSER, env, laid_out, measuring
 from tests.support.released_run import EVERY, PASSES, SLOTS, STEPS, noise_video, released
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(300)]
 MB = 1_000_000
 
-MEASURE = """<script>
-addEventListener('load', () => {
-  const box = e => { const r = e.getBoundingClientRect(); return [r.left, r.top, r.right, r.bottom]; };
-  const all = (root, sel) => [...root.querySelectorAll(sel)];
+MEASURE = measuring("""\
   const plots = all(document, 'svg.plot').map(svg => ({
     label: svg.getAttribute('aria-label'), frame: box(svg),
     texts: all(svg, 'text').map(t => ({cls: t.getAttribute('class') || '', text: t.textContent, box: box(t)})),
     lines: all(svg, 'polyline').map(p => ({cls: p.getAttribute('class'), box: box(p)})),
     dots: all(svg, 'circle.series').map(c => ({cls: c.getAttribute('class'), box: box(c)})),
     axis: all(svg, 'line.axis').map(box)}));
-  const images = all(document, 'img').map(i => ({natural: i.naturalWidth, shown: i.getBoundingClientRect().width}));
-  const pre = document.createElement('pre');
-  pre.id = 'measured';
-  pre.textContent = JSON.stringify({plots, images, links: all(document, 'a.video').length,
-                                    width: document.documentElement.scrollWidth, text: document.body.innerText});
-  document.body.appendChild(pre);
-});
-</script>"""
+  const images = all(document, 'img').map(i => ({natural: i.naturalWidth, shown: i.getBoundingClientRect().width}));""",
+                    "{plots, images, links: all(document, 'a.video').length, "
+                    "width: document.documentElement.scrollWidth, text: document.body.innerText}")
 
 
 def _html(run: Path, page: Path) -> str:
