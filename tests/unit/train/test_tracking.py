@@ -119,3 +119,13 @@ def test_the_experiment_is_named_by_mlflow_then_the_solarrun_then_the_config():
     assert T.experiment_name("cfg", {"SOLAR_RUN_NAME": "run"}) == "run"
     assert T.experiment_name("cfg", {"SOLAR_RUN_NAME": "run", "MLFLOW_EXPERIMENT_NAME": "mine"}) == "mine"
     assert math.isfinite(T.GIB)
+
+
+def test_a_tensorboard_folder_the_volume_refuses_costs_one_line_not_the_launch(tmp_path, capsys):
+    pytest.importorskip("tensorboard")
+    (tmp_path / T.TENSORBOARD_DIR).write_text("a file where the folder goes")
+    track = T.open_tracking(None, tmp_path, rank=0, start=0, dp_world=1, world=1, tokens_per_clip=0,
+                            flops_per_clip=0.0, peak_flops=None, started=None, environ={})
+    assert track is not None and track.sinks == {}
+    err = capsys.readouterr().err.splitlines()
+    assert len(err) == 1 and err[0].startswith("solar: warning: no TensorBoard event files: "), err

@@ -83,16 +83,11 @@ def validation_scalars(summary: dict) -> dict[str, float]:
             if isinstance(summary.get(k), (int, float))}
 
 
-def flat_params(config: dict, prefix: str = "") -> dict[str, str]:
-    """The resolved config as ``a.b.c -> value`` (lists and null as JSON)."""
-    out: dict[str, str] = {}
-    for key, value in config.items():
-        name = f"{prefix}{key}"
-        if isinstance(value, dict) and value:
-            out.update(flat_params(value, name + "."))
-        else:
-            out[name] = value if isinstance(value, str) else json.dumps(value, sort_keys=True)
-    return out
+def flat_params(config: dict) -> dict[str, str]:
+    """The resolved config as ``a.b.c -> value`` (``solar.config.changes.flatten``; lists and null as JSON)."""
+    from solar.config.changes import flatten
+
+    return {k: v if isinstance(v, str) else json.dumps(v, sort_keys=True) for k, v in flatten(config).items()}
 
 
 # --- TensorBoard ----------------------------------------------------------------------------
@@ -311,6 +306,8 @@ def open_tracking(resolved, out: Path, *, rank: int, start: int, dp_world: int, 
         sinks["TensorBoard"] = TensorBoardSink(out, start)
     except ImportError:
         warn("tensorboard is not installed: no TensorBoard event files (pip install 'solar-wm-ops[tracking]')")
+    except OSError as exc:   # the volume refused its folder or file: the run's own writes meet it and say so
+        warn(f"no TensorBoard event files: {type(exc).__name__}: {_short(exc)}")
     uri = environ.get("MLFLOW_TRACKING_URI")
     if uri:
         try:
